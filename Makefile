@@ -1,0 +1,26 @@
+# Every target creates or reuses .venv and installs what it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/fleetlog serve
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/ingest_throughput.py
+	$(BIN)/python bench/tail_latency.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

@@ -1,0 +1,274 @@
+"""Request bodies → validated rows. Every check names the field it refused; nothing here writes.
+
+The shapes are DESIGN.md's API contract. Timestamps are epoch seconds (int or float) or ISO-8601
+strings (a missing zone means UTC); they are kept as integer microseconds since the epoch.
+A log line is ordered and deduplicated by ``seq`` (0, 1, 2, ... per (instance, source, run_id)).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ingest.errors import BadRequest
+
+EVENT_KINDS = frozenset(
+    {"registered", "params_done", "bench_started", "bench_done", "logs_complete", "running", "killed"}
+)
+MAX_ID_CHARS = 256
+MAX_TS_US = 253402300799_000000  # 9999-12-31
+MAX_SEQ = 2**63 - 1
+
+
+@dataclass
+class LogChunk:
+    """Lines of one stream from one request. ``seqs`` is None when the server assigns them."""
+
+    instance_id: str
+    source: str
+    run_id: str
+    seqs: list[int] | None
+    ts_us: list[int]
+    lines: list[str]
+    truncated: list[bool]
+
+
+@dataclass
+class Event:
+    instance_id: str
+    kind: str
+    ts_us: int
+    body: dict[str, Any]
+
+
+@dataclass
+class MetricRows:
+    instance_id: list[str] = field(default_factory=list)
+    name: list[str] = field(default_factory=list)
+    ts_us: list[int] = field(default_factory=list)
+    value: list[float] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def ts_to_iso(ts_us: int) -> str:
+    return dt.datetime.fromtimestamp(ts_us / 1e6, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def datetime_to_us(value: dt.datetime) -> int:
+    """A naive datetime read back from DuckDB is UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return int(value.timestamp() * 1_000_000)
+
+
+def decode_json(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"body: malformed JSON: {e}") from e
+
+
+def _object(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where}: expected an object, got {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def parse_id(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise BadRequest(f"{where}: expected a non-empty string, got {_kind(value) if not isinstance(value, str) else 'an empty string'}")
+    if len(value) > MAX_ID_CHARS or any(c in value for c in "\x00\n\r"):
+        raise BadRequest(f"{where}: must be at most {MAX_ID_CHARS} characters without control characters")
+    return value
+
+
+def parse_ts(value: Any, where: str, default_us: int) -> int:
+    if value is None:
+        return default_us
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        us = int(value * 1_000_000)
+        if value != value or not 0 <= us <= MAX_TS_US:  # NaN or out of range
+            raise BadRequest(f"{where}: epoch seconds out of range: {value!r}")
+        return us
+    if isinstance(value, str):
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise BadRequest(f"{where}: unparseable timestamp {value[:64]!r} (epoch seconds or ISO-8601)") from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=dt.timezone.utc)
+        return int(parsed.timestamp() * 1_000_000)
+    raise BadRequest(f"{where}: expected epoch seconds or an ISO-8601 string, got {_kind(value)}")
+
+
+def _int(value: Any, where: str, *, minimum: int | None = 0) -> int:
+    if type(value) is not int or (minimum is not None and value < minimum):
+        raise BadRequest(f"{where}: expected an integer >= {minimum}, got {value!r}"[:200])
+    return value
+
+
+def truncate_line(line: str, max_bytes: int) -> tuple[str, bool]:
+    """Cut a line to ``max_bytes`` of UTF-8 (never inside a character)."""
+    if len(line) * 4 <= max_bytes:
+        return line, False
+    raw = line.encode("utf-8", "surrogatepass")
+    if len(raw) <= max_bytes:
+        return line, False
+    return raw[:max_bytes].decode("utf-8", "ignore"), True
+
+
+def parse_logs(doc: Any, max_line_bytes: int, received_us: int) -> list[LogChunk]:
+    """``{"instance_id", "source", "run_id"?, "lines": [...]}`` or ``{"streams": [that, ...]}``."""
+    doc = _object(doc, "body")
+    if "streams" in doc:
+        streams = doc["streams"]
+        if not isinstance(streams, list) or not streams:
+            raise BadRequest("streams: expected a non-empty array")
+        return [_parse_stream(s, f"streams[{i}]", max_line_bytes, received_us) for i, s in enumerate(streams)]
+    return [_parse_stream(doc, "", max_line_bytes, received_us)]
+
+
+def _parse_stream(doc: Any, where: str, max_line_bytes: int, received_us: int) -> LogChunk:
+    doc = _object(doc, where or "body")
+    prefix = f"{where}." if where else ""
+    instance_id = parse_id(doc.get("instance_id"), prefix + "instance_id")
+    source = parse_id(doc.get("source"), prefix + "source")
+    run_id = parse_id(doc.get("run_id", "0"), prefix + "run_id")
+    lines = doc.get("lines")
+    if not isinstance(lines, list):
+        raise BadRequest(f"{prefix}lines: expected an array, got {_kind(lines)}")
+    seqs: list[int] = []
+    ts_us: list[int] = []
+    texts: list[str] = []
+    truncated: list[bool] = []
+    seen: set[int] = set()
+    for i, item in enumerate(lines):
+        at = f"{prefix}lines[{i}]"
+        if type(item) is not dict:
+            raise BadRequest(f"{at}: expected an object, got {_kind(item)}")
+        seq = item.get("seq")
+        if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
+            raise BadRequest(f"{at}.seq: expected an integer from 0 to 2^63-1, got {seq!r}"[:200])
+        if seq in seen:
+            raise BadRequest(f"{at}.seq: {seq} appears twice in this request")
+        seen.add(seq)
+        text = item.get("line")
+        if type(text) is not str:
+            raise BadRequest(f"{at}.line: expected a string, got {_kind(text)}")
+        text, cut = truncate_line(text, max_line_bytes)
+        ts = item.get("ts")
+        ts_us.append(received_us if ts is None else parse_ts(ts, f"{at}.ts", received_us))
+        seqs.append(seq)
+        texts.append(text)
+        truncated.append(cut)
+    return LogChunk(instance_id, source, run_id, seqs, ts_us, texts, truncated)
+
+
+def parse_plain_lines(body: bytes, instance_id: Any, source: Any, max_line_bytes: int, received_us: int) -> LogChunk:
+    """The old manager's ``/api/log-push``: text, one line per line; the server assigns seq."""
+    instance_id = parse_id(instance_id, "X-Instance-Id")
+    source = parse_id(source, "X-Log-Source")
+    text = body.decode("utf-8", "replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    texts, truncated = [], []
+    for line in lines:
+        line, cut = truncate_line(line.removesuffix("\r"), max_line_bytes)
+        texts.append(line)
+        truncated.append(cut)
+    return LogChunk(instance_id, source, "0", None, [received_us] * len(texts), texts, truncated)
+
+
+def parse_events(doc: Any, received_us: int) -> list[Event]:
+    items = doc if isinstance(doc, list) else [doc]
+    if not items:
+        raise BadRequest("body: expected an event or a non-empty array of events")
+    out = []
+    for i, item in enumerate(items):
+        where = f"[{i}]" if isinstance(doc, list) else ""
+        item = _object(item, where or "body")
+        prefix = f"{where}." if where else ""
+        instance_id = parse_id(item.get("instance_id"), prefix + "instance_id")
+        kind = item.get("kind")
+        if kind not in EVENT_KINDS:
+            raise BadRequest(f"{prefix}kind: expected one of {', '.join(sorted(EVENT_KINDS))}, got {kind!r}"[:300])
+        ts_us = parse_ts(item.get("ts"), prefix + "ts", received_us)
+        _check_event_fields(item, kind, prefix)
+        out.append(Event(instance_id, kind, ts_us, item))
+    return out
+
+
+_NUMBER_FIELDS = {
+    "registered": {"machine_id": int, "host_id": int, "gpu_count": int, "dph": float},
+    "bench_started": {"proofs": int, "concurrency": int, "partition_workers": int},
+    "bench_done": {"exit_code": int, "rate_per_hour": float, "duration_s": float, "proofs_ok": int},
+}
+_STRING_FIELDS = {"registered": ("gpu_model", "location"), "bench_done": ("failure_excerpt",)}
+
+
+def _check_event_fields(item: dict, kind: str, prefix: str) -> None:
+    for name, kind_of in _NUMBER_FIELDS.get(kind, {}).items():
+        value = item.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind_of is int and type(value) is not int):
+            raise BadRequest(f"{prefix}{name}: expected {'an integer' if kind_of is int else 'a number'}, got {value!r}"[:200])
+    for name in _STRING_FIELDS.get(kind, ()):
+        value = item.get(name)
+        if value is not None and not isinstance(value, str):
+            raise BadRequest(f"{prefix}{name}: expected a string, got {_kind(value)}")
+    if kind == "registered" and item.get("labels") is not None and not isinstance(item["labels"], dict):
+        raise BadRequest(f"{prefix}labels: expected an object, got {_kind(item['labels'])}")
+    if kind == "logs_complete":
+        sources = item.get("sources")
+        if not isinstance(sources, dict) or not sources:
+            raise BadRequest(f"{prefix}sources: expected an object of source name -> last seq")
+        for name, last in sources.items():
+            if last is not None:
+                _int(last, f"{prefix}sources.{name}", minimum=-1)
+        if "run_id" in item:
+            parse_id(item["run_id"], prefix + "run_id")
+
+
+def parse_metrics(doc: Any, received_us: int) -> MetricRows:
+    """``{"instance_id", "samples": [{"name", "ts", "value", "labels"}]}``."""
+    doc = _object(doc, "body")
+    instance_id = parse_id(doc.get("instance_id"), "instance_id")
+    samples = doc.get("samples")
+    if not isinstance(samples, list) or not samples:
+        raise BadRequest(f"samples: expected a non-empty array, got {_kind(samples)}")
+    rows = MetricRows()
+    for i, sample in enumerate(samples):
+        at = f"samples[{i}]"
+        sample = _object(sample, at)
+        name = parse_id(sample.get("name"), at + ".name")
+        value = sample.get("value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise BadRequest(f"{at}.value: expected a number, got {value!r}"[:200])
+        labels = sample.get("labels") or {}
+        if not isinstance(labels, dict) or not all(isinstance(v, (str, int, float)) for v in labels.values()):
+            raise BadRequest(f"{at}.labels: expected an object of strings")
+        rows.instance_id.append(instance_id)
+        rows.name.append(name)
+        rows.ts_us.append(parse_ts(sample.get("ts"), at + ".ts", received_us))
+        rows.value.append(float(value))
+        rows.labels.append(orjson.dumps({str(k): str(v) for k, v in labels.items()}).decode())
+    return rows

@@ -1,0 +1,109 @@
+"""The server's settings: the only module that reads argv, ``os.environ`` or ``fleetlog.toml``.
+
+Precedence: command-line flags, then ``FLEETLOG_<NAME>`` environment variables, then the
+``[serve]`` table of an optional ``fleetlog.toml`` (``--config PATH``, ``FLEETLOG_CONFIG``, or
+``./fleetlog.toml`` when present), then the defaults below. A value that does not parse stops
+start-up with the setting's name in the message; it is never replaced by a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ingest.errors import ConfigError
+
+ENV_PREFIX = "FLEETLOG_"
+
+
+def _setting(default: Any, help: str, *, minimum: float | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "minimum": minimum})
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = _setting("127.0.0.1", "address the HTTP server binds to")
+    port: int = _setting(8080, "TCP port of the HTTP server", minimum=0)
+    db: str = _setting("./var/fleetlog.duckdb", "path of the DuckDB database file (created if missing)")
+    max_body_bytes: int = _setting(16 * 1024 * 1024, "largest request body accepted, after gzip decompression", minimum=1)
+    max_line_bytes: int = _setting(256 * 1024, "longer log lines are truncated to this many bytes and flagged", minimum=16)
+    batch_max_rows: int = _setting(250_000, "the writer commits once a batch holds this many rows", minimum=1)
+    batch_max_delay_s: float = _setting(0.002, "the writer waits at most this long for more requests before committing", minimum=0)
+    queue_max_rows: int = _setting(2_000_000, "rows waiting for the writer before pushes are refused with 503", minimum=1)
+    retry_after_s: int = _setting(1, "Retry-After sent with 503 when the writer queue is full", minimum=0)
+    query_timeout_s: float = _setting(10.0, "a read or SQL API query is interrupted after this long", minimum=0.01)
+    query_max_rows: int = _setting(10_000, "the SQL API returns at most this many rows", minimum=1)
+    tail_cache_lines: int = _setting(1000, "most recent lines kept in memory per (instance, source) for fast tails", minimum=0)
+    tail_cache_max_streams: int = _setting(5000, "streams kept in the tail cache (least recently used leave first)", minimum=0)
+    log_level: str = _setting("INFO", "logging level of the server (DEBUG, INFO, WARNING, ERROR)")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            minimum = f.metadata.get("minimum")
+            value = getattr(self, f.name)
+            if minimum is not None and value < minimum:
+                raise ConfigError(f"{f.name}: must be >= {minimum}, got {value!r}")
+        if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+
+
+def _cast(name: str, kind: type, raw: Any, origin: str) -> Any:
+    """Convert ``raw`` to ``kind`` or raise a ConfigError that names the setting and where it came from."""
+    if isinstance(raw, kind) and not (kind is int and isinstance(raw, bool)):
+        return raw
+    if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
+        return float(raw)
+    if isinstance(raw, str):
+        try:
+            return kind(raw) if kind is not str else raw
+        except ValueError:
+            pass
+    raise ConfigError(f"{origin}: expected {kind.__name__}, got {raw!r}")
+
+
+def _types() -> dict[str, type]:
+    hints = {"str": str, "int": int, "float": float}
+    return {f.name: hints[f.type] for f in dataclasses.fields(Settings)}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one ``--flag`` per setting; the defaults stay None so that unset flags do not override."""
+    parser.add_argument("--config", help="path of a fleetlog.toml (default ./fleetlog.toml when present)")
+    for f in dataclasses.fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, dest=f.name, default=None, help=f"{f.metadata['help']} (default {f.default!r}; env {ENV_PREFIX}{f.name.upper()})")
+
+
+def load(args: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Settings:
+    """Build the Settings from flags (``args``), the environment and the TOML file."""
+    args = dict(args or {})
+    environ = os.environ if environ is None else environ
+    types = _types()
+    values: dict[str, Any] = {}
+
+    config_path = args.pop("config", None) or environ.get(ENV_PREFIX + "CONFIG")
+    default_path = (cwd or Path.cwd()) / "fleetlog.toml"
+    if config_path or default_path.exists():
+        path = Path(config_path) if config_path else default_path
+        try:
+            table = tomllib.loads(path.read_text()).get("serve", {})
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"{path}: cannot read configuration: {e}") from e
+        for key, raw in table.items():
+            name = key.replace("-", "_")
+            if name not in types:
+                raise ConfigError(f"{path}: [serve] {key}: unknown setting")
+            values[name] = _cast(name, types[name], raw, f"{path}: [serve] {key}")
+
+    for name, kind in types.items():
+        env_name = ENV_PREFIX + name.upper()
+        if env_name in environ:
+            values[name] = _cast(name, kind, environ[env_name], env_name)
+        if args.get(name) is not None:
+            values[name] = _cast(name, kind, args[name], "--" + name.replace("_", "-"))
+    return Settings(**values)

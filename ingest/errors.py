@@ -1,0 +1,82 @@
+"""The server's exceptions, one tree::
+
+    FleetlogError
+    ├── ConfigError            a setting does not parse; start-up stops with its name
+    ├── StoreError             DuckDB refused a statement (translated at the store boundary)
+    └── RequestError           answered to a client with the JSON error shape and .status
+        ├── BadRequest         400: malformed body, wrong type, missing or empty field (names it)
+        ├── Unauthorized       401
+        ├── Forbidden          403
+        ├── NotFound           404
+        ├── PayloadTooLarge    413: body over max_body_bytes, before or after gzip
+        ├── QueryError         400: the SQL API refused or failed a query
+        ├── QueryTimeout       408: a read query ran past query_timeout_s
+        └── Overloaded         503 with Retry-After: the writer queue is full
+"""
+
+from __future__ import annotations
+
+
+class FleetlogError(Exception):
+    """Base of every fleetlog error."""
+
+
+class ConfigError(FleetlogError):
+    """A setting is invalid; the message names it."""
+
+
+class StoreError(FleetlogError):
+    """The database refused or failed an operation."""
+
+
+class RequestError(FleetlogError):
+    status = 500
+    reason = "internal"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class BadRequest(RequestError):
+    status = 400
+    reason = "bad_request"
+
+
+class Unauthorized(RequestError):
+    status = 401
+    reason = "unauthorized"
+
+
+class Forbidden(RequestError):
+    status = 403
+    reason = "forbidden"
+
+
+class NotFound(RequestError):
+    status = 404
+    reason = "not_found"
+
+
+class PayloadTooLarge(RequestError):
+    status = 413
+    reason = "too_large"
+
+
+class QueryError(RequestError):
+    status = 400
+    reason = "bad_query"
+
+
+class QueryTimeout(RequestError):
+    status = 408
+    reason = "query_timeout"
+
+
+class Overloaded(RequestError):
+    status = 503
+    reason = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})

@@ -1,0 +1,25 @@
+"""Liveness, readiness and Prometheus exposition."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ingest.handlers.http import json_response
+from ingest.keys import METRICS, WRITER
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"ok": True})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    writer = request.app[WRITER]
+    if not writer.running:
+        return json_response({"ok": False, "error": "writer not running", "status": 503}, 503)
+    return json_response({"ok": True, "pending_rows": writer.pending_rows})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,73 @@
+"""What every handler shares: bounded body reading, JSON responses, the one error shape."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from ingest.errors import BadRequest, PayloadTooLarge, RequestError
+
+logger = logging.getLogger(__name__)
+
+READ_CHUNK_BYTES = 256 * 1024
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value, default=str, option=orjson.OPT_NAIVE_UTC | orjson.OPT_NON_STR_KEYS)
+
+
+def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=dumps(value), status=status, content_type="application/json", headers=headers)
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    return {"ok": False, "error": message, "status": status}
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The whole body, at most ``max_bytes`` after decompression (aiohttp inflates gzip as it reads).
+
+    The length is checked before reading when declared, and chunk by chunk while reading, so a
+    small gzip body that inflates past the limit is refused without being held in memory.
+    """
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
+        raise PayloadTooLarge(f"body: {declared} bytes is over the limit of {max_bytes}")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.content.iter_chunked(READ_CHUNK_BYTES):
+            size += len(chunk)
+            if size > max_bytes:
+                raise PayloadTooLarge(f"body: over the limit of {max_bytes} bytes (after decompression)")
+            chunks.append(chunk)
+    except HttpProcessingError as e:  # a broken gzip stream, among others
+        raise BadRequest(f"body: cannot be read: {e.message or e}") from e
+    return b"".join(chunks)
+
+
+def build_error_middleware(count_rejection):
+    """Turn RequestError (and aiohttp's own HTTP errors) into the JSON error shape."""
+
+    @web.middleware
+    async def error_middleware(request: web.Request, handler):
+        try:
+            return await handler(request)
+        except RequestError as e:
+            count_rejection(e.reason)
+            return json_response(error_body(e.status, e.message), e.status, e.headers)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            count_rejection("http_" + str(e.status))
+            return json_response(error_body(e.status, e.reason), e.status, {k: v for k, v in e.headers.items() if k in ("Allow", "Retry-After")})
+        except Exception:
+            logger.exception("unhandled error in %s %s", request.method, request.path)
+            count_rejection("internal")
+            return json_response(error_body(500, "internal error; see the server log"), 500)
+
+    return error_middleware

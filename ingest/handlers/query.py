@@ -1,0 +1,40 @@
+"""``POST /api/v1/query``: one read-only SELECT → columns and rows (JSON or CSV)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from aiohttp import web
+
+from ingest import codec
+from ingest.errors import BadRequest
+from ingest.handlers.http import json_response, read_body
+from ingest.handlers.read import run_read
+from ingest.keys import SETTINGS
+from ingest import reads
+
+MAX_QUERY_BODY_BYTES = 1024 * 1024
+
+
+def _run(con, timeout_s: float, sql: str, max_rows: int):
+    return reads.run_select(con, sql, timeout_s, max_rows)
+
+
+async def post_query(request: web.Request) -> web.Response:
+    fmt = request.query.get("format", "json")
+    if fmt not in ("json", "csv"):
+        raise BadRequest(f"format: expected json or csv, got {fmt[:20]!r}")
+    doc = codec.decode_json(await read_body(request, MAX_QUERY_BODY_BYTES))
+    sql = doc.get("sql") if isinstance(doc, dict) else None
+    if not isinstance(sql, str) or not sql.strip():
+        raise BadRequest("sql: expected a non-empty string")
+    columns, rows, truncated = await run_read(request, "sql", _run, sql, request.app[SETTINGS].query_max_rows)
+    headers = {"X-Fleetlog-Truncated": "1"} if truncated else None
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(columns)
+        writer.writerows(rows)
+        return web.Response(text=out.getvalue(), content_type="text/csv", headers=headers)
+    return json_response({"columns": columns, "rows": rows, "truncated": truncated}, headers=headers)

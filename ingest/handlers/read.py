@@ -1,0 +1,107 @@
+"""Read endpoints: instances, one instance with its log completeness, and log lines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from ingest import reads
+from ingest.codec import ts_to_iso
+from ingest.errors import BadRequest, NotFound
+from ingest.handlers.http import json_response
+from ingest.keys import DB, INDEX, METRICS, SETTINGS, TAIL
+
+MAX_TAIL = 10_000
+
+
+async def run_read(request: web.Request, api: str, fn, *args, **kwargs):
+    started = time.perf_counter()
+    try:
+        return await asyncio.to_thread(fn, request.app[DB], request.app[SETTINGS].query_timeout_s, *args, **kwargs)
+    finally:
+        request.app[METRICS].query_seconds.labels(api=api).observe(time.perf_counter() - started)
+
+
+async def get_instances(request: web.Request) -> web.Response:
+    rows = await run_read(request, "instances", reads.list_instances, request.query.get("state") or None)
+    return json_response({"instances": rows})
+
+
+def log_summary(request: web.Request, instance_id: str, marks: dict[tuple[str, str], int]) -> dict:
+    """Per source, the latest run's lines, last seq, gaps, and whether logs_complete covers it."""
+    latest: dict[str, dict] = {}
+    for s in request.app[INDEX].summaries(instance_id):  # sorted by (source, run_id)
+        latest[s.source] = {"run_id": s.run_id, "lines": s.lines, "last_seq": s.last_seq, "gaps": [list(g) for g in s.gaps]}
+    for (source, run_id), last in marks.items():
+        entry = latest.get(source)
+        if entry is None or run_id > entry["run_id"]:
+            latest[source] = {"run_id": run_id, "lines": 0, "last_seq": None, "gaps": [[0, last]] if last >= 0 else []}
+    for source, entry in latest.items():
+        declared = marks.get((source, entry["run_id"]))
+        stored_last = -1 if entry["last_seq"] is None else entry["last_seq"]
+        entry["declared_last_seq"] = declared
+        entry["complete"] = declared is not None and not entry["gaps"] and stored_last == declared
+    return latest
+
+
+async def get_instance(request: web.Request) -> web.Response:
+    instance_id = request.match_info["instance_id"]
+    detail = await run_read(request, "instance", reads.instance_detail, instance_id)
+    if detail is None:
+        raise NotFound(f"instance {instance_id!r} is not known")
+    marks = await run_read(request, "instance", reads.logs_complete_marks, instance_id)
+    runs = detail.pop("bench_runs")
+    detail["bench"] = runs[-1] if runs else None
+    detail["bench_runs"] = runs
+    detail["logs"] = log_summary(request, instance_id, marks)
+    return json_response(detail)
+
+
+def _int_param(request: web.Request, name: str, default: int | None, *, minimum: int = 0, maximum: int | None = None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name}: expected an integer, got {raw[:40]!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        raise BadRequest(f"{name}: expected an integer from {minimum} to {maximum}, got {value}")
+    return value
+
+
+async def get_logs(request: web.Request) -> web.Response:
+    """``?source=&tail=200&after_seq=&before_seq=&run_id=&q=``: lines oldest first."""
+    instance_id = request.match_info["instance_id"]
+    source = request.query.get("source") or None
+    run_id = request.query.get("run_id") or None
+    q = request.query.get("q") or None
+    tail = _int_param(request, "tail", 200, maximum=MAX_TAIL)
+    after_seq = _int_param(request, "after_seq", None, minimum=-1)
+    before_seq = _int_param(request, "before_seq", None)
+    cache = request.app[TAIL]
+    plain_tail = source is not None and run_id is None and q is None and after_seq is None and before_seq is None
+    rows = None
+    if plain_tail and tail <= cache.capacity:
+        key = (instance_id, source)
+        cached = cache.tail(key, tail)
+        if cached is None and cache.begin_load(key):
+            try:
+                loaded, complete = await run_read(request, "logs", reads.load_tail, instance_id, source, cache.capacity)
+            except BaseException:
+                cache.abort_load(key)
+                raise
+            cache.finish_load(key, loaded, complete)
+            cached = cache.tail(key, tail)
+        if cached is not None:
+            rows = [(source, r, seq, ts, line) for r, seq, ts, line in cached]
+    if rows is None:
+        rows = await run_read(
+            request, "logs", reads.read_logs, instance_id,
+            source=source, run_id=run_id, tail=tail, after_seq=after_seq, before_seq=before_seq, q=q,
+        )
+    return json_response(
+        {"lines": [{"source": s, "run_id": r, "seq": seq, "ts": ts_to_iso(ts), "line": line} for s, r, seq, ts, line in rows]}
+    )

@@ -1,0 +1,19 @@
+"""The application's typed keys (aiohttp ``web.AppKey``), shared by the app factory and handlers."""
+
+from __future__ import annotations
+
+import duckdb
+from aiohttp import web
+
+from ingest.config import Settings
+from ingest.observe import IngestMetrics
+from ingest.streams import StreamIndex
+from ingest.tailcache import TailCache
+from ingest.writer import Writer
+
+SETTINGS = web.AppKey("settings", Settings)
+DB = web.AppKey("db", duckdb.DuckDBPyConnection)
+WRITER = web.AppKey("writer", Writer)
+INDEX = web.AppKey("index", StreamIndex)
+TAIL = web.AppKey("tail", TailCache)
+METRICS = web.AppKey("metrics", IngestMetrics)

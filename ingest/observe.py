@@ -1,0 +1,60 @@
+"""The server's own Prometheus metrics, on a per-app registry (nothing global, nothing at import).
+
+Counters and histograms are updated where things happen (the writer, the handlers); gauges that
+describe live state (queue depth, streams, tail cache) are read at scrape time by a Collector, as
+prometheus-client's process collector does.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+
+class IngestMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.accepted = Counter(
+            "fleetlog_ingest_accepted_rows_total", "Rows committed, by kind of push", ["kind"], registry=registry
+        )
+        self.duplicates = Counter(
+            "fleetlog_ingest_duplicate_rows_total",
+            "Rows already stored (same instance, source, run_id, seq) and skipped",
+            ["kind"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "fleetlog_ingest_rejected_requests_total", "Requests refused, by reason", ["reason"], registry=registry
+        )
+        self.commit_errors = Counter(
+            "fleetlog_ingest_commit_errors_total", "Group commits the database refused", registry=registry
+        )
+        self.commit_seconds = Histogram(
+            "fleetlog_ingest_commit_seconds",
+            "Time to write and commit one group",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=registry,
+        )
+        self.batch_rows = Histogram(
+            "fleetlog_ingest_batch_rows",
+            "Rows per group commit",
+            buckets=(1, 10, 100, 1_000, 10_000, 50_000, 100_000, 250_000),
+            registry=registry,
+        )
+        self.query_seconds = Histogram(
+            "fleetlog_query_seconds", "Time of read and SQL API queries", ["api"], registry=registry
+        )
+
+
+class LiveStateCollector(Collector):
+    """Gauges read from live objects at scrape time."""
+
+    def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]]) -> None:
+        self._gauges = gauges
+
+    def collect(self) -> Iterable[Metric]:
+        for name, (help_text, read) in self._gauges.items():
+            yield GaugeMetricFamily(name, help_text, value=read())

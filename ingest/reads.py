@@ -1,0 +1,179 @@
+"""Read queries: each runs on its own cursor of the server's connection, with a deadline.
+
+Called from handlers through ``asyncio.to_thread``; a query past ``timeout_s`` is interrupted
+(datasette's ``sqlite_timelimit``, with ``cursor.interrupt``) and raises QueryTimeout.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import duckdb
+import orjson
+
+from ingest.codec import datetime_to_us
+from ingest.errors import QueryError, QueryTimeout
+from ingest.tailcache import TailRow
+
+
+@contextmanager
+def deadline_cursor(con: duckdb.DuckDBPyConnection, timeout_s: float) -> Iterator[duckdb.DuckDBPyConnection]:
+    cursor = con.cursor()
+    timer = threading.Timer(timeout_s, cursor.interrupt)
+    timer.start()
+    try:
+        yield cursor
+    except duckdb.InterruptException as e:
+        raise QueryTimeout(f"query interrupted after {timeout_s} s") from e
+    finally:
+        timer.cancel()
+        cursor.close()
+
+
+def _dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+INSTANCES_SQL = """
+SELECT i.instance_id, coalesce(s.state, 'unknown') AS state, s.state_since, i.machine_id, i.host_id,
+       i.gpu_model, i.gpu_count, i.dph, i.location, i.first_seen, i.last_seen,
+       b.rate_per_hour, b.exit_code
+FROM instances i
+LEFT JOIN instance_state s USING (instance_id)
+LEFT JOIN (
+    SELECT instance_id, arg_max(rate_per_hour, coalesce(done_at, started_at)) AS rate_per_hour,
+           arg_max(exit_code, coalesce(done_at, started_at)) AS exit_code
+    FROM bench_runs GROUP BY instance_id
+) b USING (instance_id)
+{where}
+ORDER BY i.last_seen DESC
+"""
+
+
+def list_instances(con, timeout_s: float, state: str | None = None) -> list[dict[str, Any]]:
+    where, params = ("WHERE coalesce(s.state, 'unknown') = ?", [state]) if state else ("", [])
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(INSTANCES_SQL.format(where=where), params)
+        return _dicts(cur)
+
+
+def instance_detail(con, timeout_s: float, instance_id: str) -> dict[str, Any] | None:
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(INSTANCES_SQL.format(where="WHERE i.instance_id = ?"), [instance_id])
+        rows = _dicts(cur)
+        if not rows:
+            return None
+        detail = rows[0]
+        cur.execute(
+            "SELECT kind, ts, received_at, body FROM events WHERE instance_id = ? ORDER BY ts, received_at",
+            [instance_id],
+        )
+        detail["events"] = [
+            {"kind": k, "ts": ts, "received_at": r, "body": orjson.loads(b)} for k, ts, r, b in cur.fetchall()
+        ]
+        cur.execute(
+            """SELECT started_at, proofs, concurrency, partition_workers, done_at, exit_code, rate_per_hour,
+                      duration_s, proofs_ok, failure_excerpt
+               FROM bench_runs WHERE instance_id = ? ORDER BY coalesce(done_at, started_at)""",
+            [instance_id],
+        )
+        detail["bench_runs"] = _dicts(cur)
+        return detail
+
+
+TAIL_SQL = """
+SELECT source, run_id, seq, ts, line FROM logs
+WHERE instance_id = ? {filters}
+ORDER BY {order} LIMIT ?
+"""
+
+
+def read_logs(
+    con,
+    timeout_s: float,
+    instance_id: str,
+    *,
+    source: str | None,
+    run_id: str | None,
+    tail: int,
+    after_seq: int | None,
+    before_seq: int | None,
+    q: str | None,
+) -> list[tuple[str, str, int, int, str]]:
+    """Lines as (source, run_id, seq, ts_us, line), oldest first.
+
+    With ``after_seq`` the first ``tail`` lines after it (following); otherwise the last ``tail``
+    lines (before ``before_seq`` when given, for paging back). Order: (run_id, seq) within a source;
+    across sources, by ts.
+    """
+    filters, params = [], [instance_id]
+    for column, value, op in (("source", source, "="), ("run_id", run_id, "="), ("seq", after_seq, ">"), ("seq", before_seq, "<")):
+        if value is not None:
+            filters.append(f"AND {column} {op} ?")
+            params.append(value)
+    if q:
+        filters.append("AND contains(lower(line), lower(?))")
+        params.append(q)
+    key = "run_id, seq" if source else "ts, source, run_id, seq"
+    forward = after_seq is not None
+    order = key if forward else ", ".join(f"{c} DESC" for c in key.split(", "))
+    params.append(tail)
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(TAIL_SQL.format(filters=" ".join(filters), order=order), params)
+        rows = [(s, r, seq, datetime_to_us(ts), line) for s, r, seq, ts, line in cur.fetchall()]
+    return rows if forward else rows[::-1]
+
+
+def load_tail(con, timeout_s: float, instance_id: str, source: str, n: int) -> tuple[list[TailRow], bool]:
+    """The newest ``n`` lines of (instance, source) for the tail cache, and whether that is all of them."""
+    rows = read_logs(
+        con, timeout_s, instance_id, source=source, run_id=None, tail=n + 1, after_seq=None, before_seq=None, q=None
+    )
+    complete = len(rows) <= n
+    return [(r, seq, ts, line) for _s, r, seq, ts, line in rows[-n:] if n], complete
+
+
+def logs_complete_marks(con, timeout_s: float, instance_id: str) -> dict[tuple[str, str], int]:
+    """The last seq each ``logs_complete`` event declared, per (source, run_id) (the highest wins)."""
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(
+            "SELECT body FROM events WHERE instance_id = ? AND kind = 'logs_complete' ORDER BY ts", [instance_id]
+        )
+        marks: dict[tuple[str, str], int] = {}
+        for (body,) in cur.fetchall():
+            doc = orjson.loads(body)
+            run_id = doc.get("run_id", "0")
+            for source, last in doc.get("sources", {}).items():
+                if last is not None:
+                    marks[(source, run_id)] = max(last, marks.get((source, run_id), -1))
+        return marks
+
+
+def check_select(sql: str) -> None:
+    """Exactly one SELECT statement, judged by DuckDB's own parser."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as e:
+        raise QueryError(f"sql: does not parse: {e}") from e
+    if len(statements) != 1:
+        raise QueryError(f"sql: expected exactly one statement, got {len(statements)}")
+    if statements[0].type != duckdb.StatementType.SELECT:
+        raise QueryError(f"sql: only SELECT is allowed, got {statements[0].type.name}")
+
+
+def run_select(con, sql: str, timeout_s: float, max_rows: int) -> tuple[list[str], list[tuple], bool]:
+    """Run a checked SELECT; returns (columns, rows, truncated)."""
+    check_select(sql)
+    with deadline_cursor(con, timeout_s) as cur:
+        try:
+            cur.execute(sql)
+        except duckdb.InterruptException:
+            raise
+        except duckdb.Error as e:
+            raise QueryError(f"sql: {type(e).__name__}: {e}") from e
+        columns = [d[0] for d in cur.description]
+        rows = cur.fetchmany(max_rows + 1)
+    return columns, rows[:max_rows], len(rows) > max_rows

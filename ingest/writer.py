@@ -1,0 +1,305 @@
+"""The one writer: owns the DuckDB write connection, group-commits, acknowledges after commit.
+
+Handlers ``await writer.submit(...)``; the request goes on a queue that one thread drains. The
+thread takes everything pending (up to ``batch_max_rows``, waiting at most ``batch_max_delay_s``
+for more), drops lines whose (instance, source, run_id, seq) is already stored or already in the
+batch, writes the rest in one transaction, and only then updates the in-memory indexes and resolves
+each request's future with its own accepted/duplicate counts (datasette's ``_execute_writes``
+pattern, with group commit). A failed group is retried request by request, so one request that the
+database refuses fails alone. A sentinel drains the queue on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import duckdb
+
+from ingest import store
+from ingest.codec import Event, LogChunk, MetricRows, now_us
+from ingest.errors import Overloaded, StoreError
+from ingest.observe import IngestMetrics
+from ingest.streams import StreamIndex, StreamKey
+from ingest.tailcache import TailCache, TailKey, TailRow
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    accepted: int
+    duplicates: int
+
+
+@dataclass
+class _Request:
+    logs: list[LogChunk]
+    events: list[Event]
+    metrics: MetricRows
+    rows: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    kind: str
+
+
+@dataclass
+class _Staged:
+    """What one attempt at a group commit would write, and what each request would be told."""
+
+    logs: store.LogColumns = field(default_factory=store.LogColumns.empty)
+    events: list[Event] = field(default_factory=list)
+    metrics: MetricRows = field(default_factory=MetricRows)
+    instances: dict[str, int] = field(default_factory=dict)
+    new_seqs: dict[StreamKey, list[int]] = field(default_factory=dict)
+    tail_rows: dict[TailKey, list[TailRow]] = field(default_factory=dict)
+    counts: list[list[int]] = field(default_factory=list)  # per request: [accepted, duplicates]
+    event_owner: list[int] = field(default_factory=list)  # per staged event: index of its request
+
+
+class Writer:
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        index: StreamIndex,
+        tail: TailCache,
+        metrics: IngestMetrics,
+        *,
+        batch_max_rows: int,
+        batch_max_delay_s: float,
+        queue_max_rows: int,
+        retry_after_s: int,
+    ) -> None:
+        self._con = con
+        self._index = index
+        self._tail = tail
+        self._metrics = metrics
+        self._batch_max_rows = batch_max_rows
+        self._batch_max_delay_s = batch_max_delay_s
+        self._queue_max_rows = queue_max_rows
+        self._retry_after_s = retry_after_s
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.pending_rows = 0  # touched only on the event loop
+        self.pending_requests = 0
+
+    # -- event loop side -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fleetlog-writer", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Commit everything queued, then stop the thread."""
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    async def submit(
+        self,
+        *,
+        logs: list[LogChunk] | None = None,
+        events: list[Event] | None = None,
+        metrics: MetricRows | None = None,
+        kind: str = "logs",
+    ) -> WriteResult:
+        """Queue rows and wait for the commit that holds them. Raises Overloaded when full."""
+        logs = logs or []
+        events = events or []
+        metrics = metrics if metrics is not None else MetricRows()
+        rows = sum(len(c.lines) for c in logs) + len(events) + len(metrics)
+        if not self.running:
+            raise Overloaded("the writer is not running", retry_after_s=self._retry_after_s)
+        if self.pending_rows and self.pending_rows + rows > self._queue_max_rows:
+            self._metrics.rejected.labels(reason="overloaded").inc()
+            raise Overloaded(
+                f"writer queue full ({self.pending_rows} rows pending); retry later",
+                retry_after_s=self._retry_after_s,
+            )
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.pending_rows += rows
+        self.pending_requests += 1
+        self._queue.put(_Request(logs, events, metrics, rows, loop, future, kind))
+        try:
+            return await asyncio.shield(future)
+        finally:
+            if future.done():
+                self.pending_rows -= rows
+                self.pending_requests -= 1
+            else:  # the client went away: the rows still commit; account when they do
+                future.add_done_callback(lambda _f: self._settle(rows))
+
+    def _settle(self, rows: int) -> None:
+        self.pending_rows -= rows
+        self.pending_requests -= 1
+
+    async def flush(self) -> None:
+        """Return once everything submitted before this call is committed."""
+        await self.submit(kind="flush")
+
+    # -- writer thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            item = self._queue.get()
+            if item is _STOP:
+                break
+            batch = [item]
+            rows = item.rows
+            deadline = time.monotonic() + self._batch_max_delay_s
+            while rows < self._batch_max_rows:
+                try:
+                    wait = deadline - time.monotonic()
+                    nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stopping = True
+                    break
+                batch.append(nxt)
+                rows += nxt.rows
+            try:
+                self._commit_group(batch)
+            except Exception as e:  # never let the thread die with requests waiting
+                logger.exception("writer failed a batch of %d requests", len(batch))
+                for request in batch:
+                    _resolve(request, error=StoreError(f"write failed: {e}"))
+
+    def _commit_group(self, batch: list[_Request]) -> None:
+        staged = self._stage(batch)
+        started = time.perf_counter()
+        try:
+            fresh = store.write_batch(
+                self._con, staged.logs, staged.events, staged.metrics, staged.instances, now_us()
+            )
+        except StoreError as e:
+            self._metrics.commit_errors.inc()
+            if len(batch) > 1:
+                logger.warning("group commit of %d requests failed (%s); retrying one by one", len(batch), e)
+                for request in batch:
+                    self._commit_group([request])
+                return
+            logger.error("commit failed: %s", e)
+            _resolve(batch[0], error=e)
+            return
+        self._metrics.commit_seconds.observe(time.perf_counter() - started)
+        self._metrics.batch_rows.observe(len(staged.logs) + len(staged.events) + len(staged.metrics))
+        self._publish(staged)
+        for i, is_new in enumerate(fresh):
+            staged.counts[staged.event_owner[i]][0 if is_new else 1] += 1
+        for request, (accepted, duplicates) in zip(batch, staged.counts):
+            self._metrics.accepted.labels(kind=request.kind).inc(accepted)
+            if duplicates:
+                self._metrics.duplicates.labels(kind=request.kind).inc(duplicates)
+            _resolve(request, result=WriteResult(accepted, duplicates))
+
+    def _stage(self, batch: list[_Request]) -> _Staged:
+        staged = _Staged()
+        in_batch: dict[StreamKey, set[int]] = {}
+        next_seq: dict[StreamKey, int] = {}
+        event_keys: set[tuple[str, str, int]] = set()
+        cols = staged.logs
+        for r, request in enumerate(batch):
+            counts = [0, 0]
+            staged.counts.append(counts)
+            for chunk in request.logs:
+                key = (chunk.instance_id, chunk.source, chunk.run_id)
+                seen = in_batch.setdefault(key, set())
+                if chunk.seqs is None:  # the server numbers these lines
+                    first = next_seq.get(key, self._index.next_seq(key))
+                    seqs = list(range(first, first + len(chunk.lines)))
+                    next_seq[key] = first + len(seqs)
+                    keep = None
+                else:
+                    seqs = chunk.seqs
+                    if not seqs:
+                        continue
+                    if not self._index.overlaps(key, min(seqs), max(seqs)) and seen.isdisjoint(seqs):
+                        keep = None
+                    else:
+                        keep = [s not in seen and not self._index.is_stored(key, s) for s in seqs]
+                        next_seq[key] = max(next_seq.get(key, 0), max(seqs) + 1)
+                n = len(seqs)
+                if keep is None:
+                    idx = range(n)
+                else:
+                    idx = [i for i, k in enumerate(keep) if k]
+                if not idx:
+                    counts[1] += n
+                    continue
+                tail_key = (chunk.instance_id, chunk.source)
+                tail_rows = staged.tail_rows.setdefault(tail_key, [])
+                new = staged.new_seqs.setdefault(key, [])
+                for i in idx:
+                    s = seqs[i]
+                    cols.seq.append(s)
+                    cols.ts_us.append(chunk.ts_us[i])
+                    cols.line.append(chunk.lines[i])
+                    cols.truncated.append(chunk.truncated[i])
+                    seen.add(s)
+                    new.append(s)
+                    tail_rows.append((chunk.run_id, s, chunk.ts_us[i], chunk.lines[i]))
+                m = len(idx)
+                cols.instance_id.extend([chunk.instance_id] * m)
+                cols.source.extend([chunk.source] * m)
+                cols.run_id.extend([chunk.run_id] * m)
+                counts[0] += m
+                counts[1] += n - m
+                newest = max(chunk.ts_us) if chunk.ts_us else 0
+                staged.instances[chunk.instance_id] = max(staged.instances.get(chunk.instance_id, 0), newest)
+            for event in request.events:
+                ek = (event.instance_id, event.kind, event.ts_us)
+                staged.instances.setdefault(event.instance_id, event.ts_us)
+                if ek in event_keys:
+                    counts[1] += 1
+                    continue
+                event_keys.add(ek)
+                staged.events.append(event)
+                staged.event_owner.append(r)
+            if len(request.metrics):
+                m = request.metrics
+                for name in ("instance_id", "name", "ts_us", "value", "labels"):
+                    getattr(staged.metrics, name).extend(getattr(m, name))
+                for instance_id in set(m.instance_id):
+                    staged.instances.setdefault(instance_id, 0)
+                counts[0] += len(m)
+        return staged
+
+    def _publish(self, staged: _Staged) -> None:
+        """After a commit: the dedupe index and the tail cache learn what is now stored."""
+        new_sources = {
+            (instance_id, source)
+            for (instance_id, source) in staged.tail_rows
+            if not self._index.has_source(instance_id, source)
+        }
+        for key, seqs in staged.new_seqs.items():
+            self._index.commit(key, sorted(seqs))
+        for tail_key, rows in staged.tail_rows.items():
+            self._tail.on_commit(tail_key, rows, tail_key in new_sources)
+
+
+def _resolve(request: _Request, *, result: WriteResult | None = None, error: Exception | None = None) -> None:
+    def settle() -> None:
+        if request.future.done():
+            return
+        if error is not None:
+            request.future.set_exception(error)
+        else:
+            request.future.set_result(result)
+
+    try:
+        request.loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
