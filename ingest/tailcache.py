@@ -79,17 +79,20 @@ class TailCache:
             self._entries.popitem(last=False)
 
     # -- reader side ---------------------------------------------------------------------------
-    def tail(self, key: TailKey, n: int) -> list[TailRow] | None:
-        """The last ``n`` lines, oldest first, or None when the cache cannot answer."""
+    def tail(self, key: TailKey, n: int, *, count: bool = True) -> list[TailRow] | None:
+        """The last ``n`` lines, oldest first, or None when the cache cannot answer.
+
+        ``count``: whether this read counts as a hit or a miss (not for the read right after a load).
+        """
         if not self.enabled:
             return None
         with self._lock:
             entry = self._entries.get(key)
             if entry is None or entry.pending is not None or (len(entry.rows) < n and not entry.complete):
-                self.misses += 1
+                self.misses += count
                 return None
             self._entries.move_to_end(key)
-            self.hits += 1
+            self.hits += count
             return entry.rows[-n:] if n else []
 
     def begin_load(self, key: TailKey) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from ingest.errors import BadRequest, PayloadTooLarge, RequestError
 
@@ -45,8 +46,9 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
             if size > max_bytes:
                 raise PayloadTooLarge(f"body: over the limit of {max_bytes} bytes (after decompression)")
             chunks.append(chunk)
-    except HttpProcessingError as e:  # a broken gzip stream, among others
-        raise BadRequest(f"body: cannot be read: {e.message or e}") from e
+    except (HttpProcessingError, RequestPayloadError) as e:  # a broken gzip stream, among others
+        cause = e.__cause__ or e
+        raise BadRequest(f"body: cannot be read: {cause}".strip()) from e
     return b"".join(chunks)
 
 

@@ -94,7 +94,7 @@ async def get_logs(request: web.Request) -> web.Response:
                 cache.abort_load(key)
                 raise
             cache.finish_load(key, loaded, complete)
-            cached = cache.tail(key, tail)
+            cached = cache.tail(key, tail, count=False)
         if cached is not None:
             rows = [(source, r, seq, ts, line) for r, seq, ts, line in cached]
     if rows is None:

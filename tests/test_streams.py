@@ -1,0 +1,64 @@
+"""The dedupe index and the tail cache against simple models (Hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import given, strategies as st
+
+from ingest.streams import SeqRanges, runs_of
+from ingest.tailcache import TailCache
+
+
+@given(st.lists(st.lists(st.integers(0, 300), max_size=40), max_size=20))
+def test_seq_ranges_behave_like_a_set(batches):
+    ranges, model = SeqRanges(), set()
+    for batch in batches:
+        new = sorted(set(batch) - model)
+        for lo, hi in runs_of(new):
+            ranges.add_range(lo, hi)
+        model.update(new)
+        assert ranges.count == len(model)
+        assert all((s in ranges) == (s in model) for s in range(0, 302))
+        assert all(hi < lo2 - 1 for hi, lo2 in zip(ranges.his, ranges.los[1:]))  # disjoint, merged
+        last = max(model) if model else None
+        assert ranges.last == last
+        missing = {s for lo, hi in ranges.gaps() for s in range(lo, hi + 1)}
+        assert missing == ({s for s in range(last + 1) if s not in model} if model else set())
+        for lo in range(0, 300, 37):
+            assert ranges.overlaps(lo, lo + 10) == any(s in model for s in range(lo, lo + 11))
+
+
+@given(st.lists(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 200)), max_size=30), max_size=12),
+       st.integers(1, 50))
+def test_tail_cache_holds_the_newest_lines_in_order(commits, capacity):
+    cache = TailCache(capacity, 10)
+    stored: set[tuple[str, int]] = set()
+    for i, commit in enumerate(commits):
+        rows = sorted({(r, s, 0, f"{r}{s}") for r, s in commit if (r, s) not in stored})
+        cache.on_commit(("C.1", "benchout"), rows, new_stream=(i == 0))
+        stored.update((r, s) for r, s, _, _ in rows)
+        expected = sorted(stored)[-capacity:]
+        got = cache.tail(("C.1", "benchout"), capacity)
+        if len(stored) >= capacity or i == 0 or got is not None:
+            assert got is not None and [row[:2] for row in got] == expected
+
+
+def test_tail_cache_load_merges_commits_made_during_the_load():
+    cache = TailCache(5, 10)
+    key = ("C.1", "benchdaemon")
+    assert cache.begin_load(key)
+    assert not cache.begin_load(key)  # a second reader does not load twice
+    cache.on_commit(key, [("0", 10, 0, "x10"), ("0", 11, 0, "x11")], new_stream=False)
+    assert cache.tail(key, 2) is None  # not answerable while loading
+    cache.finish_load(key, [("0", s, 0, f"x{s}") for s in range(5, 10)], complete=False)
+    assert [row[1] for row in cache.tail(key, 5)] == [7, 8, 9, 10, 11]
+    assert cache.tail(key, 6) is None  # more than it holds of a longer stream
+
+
+def test_tail_cache_evicts_least_recently_used_stream():
+    cache = TailCache(5, 2)
+    for name in ("a", "b"):
+        cache.on_commit(("C.1", name), [("0", 0, 0, "x")], new_stream=True)
+    assert cache.tail(("C.1", "a"), 1) is not None  # a is now the most recent
+    cache.on_commit(("C.1", "c"), [("0", 0, 0, "x")], new_stream=True)
+    assert cache.tail(("C.1", "b"), 1) is None
+    assert cache.tail(("C.1", "a"), 1) is not None and cache.tail(("C.1", "c"), 1) is not None
