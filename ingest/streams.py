@@ -81,6 +81,10 @@ class SeqRanges:
 
 def runs_of(seqs: list[int]) -> list[tuple[int, int]]:
     """Collapse sorted distinct seqs into inclusive ranges."""
+    if not seqs:
+        return []
+    if seqs[-1] - seqs[0] + 1 == len(seqs):  # contiguous: the usual case
+        return [(seqs[0], seqs[-1])]
     out: list[tuple[int, int]] = []
     for s in seqs:
         if out and out[-1][1] == s - 1:

@@ -63,7 +63,15 @@ class TailCache:
                 self._merge(entry, rows)
 
     def _merge(self, entry: _Entry, rows: list[TailRow]) -> None:
+        """Merge sorted ``rows`` into the entry and keep the newest ``capacity``."""
         current = entry.rows
+        if not rows:
+            return
+        if not current or rows[0][:2] > current[-1][:2]:  # the usual case: newer than all held
+            if len(rows) > self.capacity:
+                entry.complete = False
+            current.extend(rows[-self.capacity:])
+            rows = []
         for row in rows:
             if not current or row[:2] > current[-1][:2]:
                 current.append(row)

@@ -16,6 +16,7 @@ import logging
 import queue
 import threading
 import time
+from itertools import repeat
 from dataclasses import dataclass, field
 
 import duckdb
@@ -207,7 +208,7 @@ class Writer:
 
     def _stage(self, batch: list[_Request]) -> _Staged:
         staged = _Staged()
-        in_batch: dict[StreamKey, set[int]] = {}
+        batch_ranges: dict[StreamKey, list[tuple[int, int]]] = {}  # seq spans staged per stream
         next_seq: dict[StreamKey, int] = {}
         event_keys: set[tuple[str, str, int]] = set()
         cols = staged.logs
@@ -215,49 +216,51 @@ class Writer:
             counts = [0, 0]
             staged.counts.append(counts)
             for chunk in request.logs:
+                n = len(chunk.lines)
+                if n == 0:
+                    continue
                 key = (chunk.instance_id, chunk.source, chunk.run_id)
-                seen = in_batch.setdefault(key, set())
                 if chunk.seqs is None:  # the server numbers these lines
                     first = next_seq.get(key, self._index.next_seq(key))
-                    seqs = list(range(first, first + len(chunk.lines)))
-                    next_seq[key] = first + len(seqs)
+                    seqs: list[int] = list(range(first, first + n))
+                    lo, hi = first, first + n - 1
                     keep = None
                 else:
                     seqs = chunk.seqs
-                    if not seqs:
-                        continue
-                    if not self._index.overlaps(key, min(seqs), max(seqs)) and seen.isdisjoint(seqs):
-                        keep = None
+                    lo, hi = (seqs[0], seqs[-1]) if chunk.ascending else (min(seqs), max(seqs))
+                    earlier = batch_ranges.get(key, ())
+                    clash = any(l <= hi and lo <= h for l, h in earlier)
+                    if not clash and not self._index.overlaps(key, lo, hi):
+                        keep = None  # the common case: nothing to filter
                     else:
-                        keep = [s not in seen and not self._index.is_stored(key, s) for s in seqs]
-                        next_seq[key] = max(next_seq.get(key, 0), max(seqs) + 1)
-                n = len(seqs)
+                        in_batch = set(staged.new_seqs.get(key, ())) if clash else set()
+                        keep = [i for i, s in enumerate(seqs) if s not in in_batch and not self._index.is_stored(key, s)]
+                next_seq[key] = max(next_seq.get(key, 0), self._index.next_seq(key), hi + 1)
+                batch_ranges.setdefault(key, []).append((lo, hi))
                 if keep is None:
-                    idx = range(n)
+                    ts_us, texts, truncated = chunk.ts_us, chunk.lines, chunk.truncated
                 else:
-                    idx = [i for i, k in enumerate(keep) if k]
-                if not idx:
-                    counts[1] += n
+                    seqs = [seqs[i] for i in keep]
+                    ts_us = [chunk.ts_us[i] for i in keep]
+                    texts = [chunk.lines[i] for i in keep]
+                    truncated = [chunk.truncated[i] for i in keep]
+                m = len(seqs)
+                counts[0] += m
+                counts[1] += n - m
+                if not m:
                     continue
-                tail_key = (chunk.instance_id, chunk.source)
-                tail_rows = staged.tail_rows.setdefault(tail_key, [])
-                new = staged.new_seqs.setdefault(key, [])
-                for i in idx:
-                    s = seqs[i]
-                    cols.seq.append(s)
-                    cols.ts_us.append(chunk.ts_us[i])
-                    cols.line.append(chunk.lines[i])
-                    cols.truncated.append(chunk.truncated[i])
-                    seen.add(s)
-                    new.append(s)
-                    tail_rows.append((chunk.run_id, s, chunk.ts_us[i], chunk.lines[i]))
-                m = len(idx)
+                cols.seq.extend(seqs)
+                cols.ts_us.extend(ts_us)
+                cols.line.extend(texts)
+                cols.truncated.extend(truncated)
                 cols.instance_id.extend([chunk.instance_id] * m)
                 cols.source.extend([chunk.source] * m)
                 cols.run_id.extend([chunk.run_id] * m)
-                counts[0] += m
-                counts[1] += n - m
-                newest = max(chunk.ts_us) if chunk.ts_us else 0
+                staged.new_seqs.setdefault(key, []).extend(seqs)
+                staged.tail_rows.setdefault((chunk.instance_id, chunk.source), []).extend(
+                    zip(repeat(chunk.run_id), seqs, ts_us, texts)
+                )
+                newest = max(ts_us)
                 staged.instances[chunk.instance_id] = max(staged.instances.get(chunk.instance_id, 0), newest)
             for event in request.events:
                 ek = (event.instance_id, event.kind, event.ts_us)
@@ -285,8 +288,10 @@ class Writer:
             if not self._index.has_source(instance_id, source)
         }
         for key, seqs in staged.new_seqs.items():
-            self._index.commit(key, sorted(seqs))
+            seqs.sort()
+            self._index.commit(key, seqs)
         for tail_key, rows in staged.tail_rows.items():
+            rows.sort()
             self._tail.on_commit(tail_key, rows, tail_key in new_sources)
 
 

@@ -1,0 +1,126 @@
+"""HTTP ingest throughput against an in-process DuckDB bulk append of the same rows.
+
+Bodies of 1,000 lines of one (instance, source), ~133 B a line, sent by a client in a separate
+process over loopback with CONCURRENCY connections. The reference, measured in the same run on the
+same machine, is the fastest way DuckDB takes those rows: one Arrow table, one INSERT, one COMMIT,
+into a fresh database file with the same schema. Target: ingest >= 0.5x the reference.
+
+    python bench/ingest_throughput.py            # BENCH_LINES=500000 BENCH_CONCURRENCY=8
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import orjson  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
+from bench.common import SOURCES, Server, make_line, percentile  # noqa: E402
+from ingest import store  # noqa: E402
+
+LINES = int(os.environ.get("BENCH_LINES", "500000"))
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "8"))
+BODY_LINES = 1000
+
+
+def make_bodies(total: int) -> list[bytes]:
+    rng = random.Random(7)
+    bodies = []
+    for b in range(total // BODY_LINES):
+        instance, source = f"C.{32733000 + b % 50}", SOURCES[(b // 50) % len(SOURCES)]
+        start = (b // 250) * BODY_LINES
+        lines = [{"seq": start + i, "ts": 1795951248.0 + i / 1000, "line": make_line(rng, start + i)} for i in range(BODY_LINES)]
+        bodies.append(orjson.dumps({"instance_id": instance, "source": source, "run_id": "0", "lines": lines}))
+    return bodies
+
+
+def reference_append(bodies: list[bytes], directory: Path) -> float:
+    """Seconds for one in-process bulk append of the same rows (decode excluded: the floor)."""
+    cols: dict[str, list] = {k: [] for k in ("instance_id", "source", "run_id", "seq", "ts", "received_at", "line", "truncated")}
+    for body in bodies:
+        doc = orjson.loads(body)
+        for line in doc["lines"]:
+            cols["instance_id"].append(doc["instance_id"])
+            cols["source"].append(doc["source"])
+            cols["run_id"].append("0")
+            cols["seq"].append(line["seq"])
+            cols["ts"].append(int(line["ts"] * 1e6))
+            cols["received_at"].append(int(line["ts"] * 1e6))
+            cols["line"].append(line["line"])
+            cols["truncated"].append(False)
+    table = pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in store.LOG_SCHEMA], schema=store.LOG_SCHEMA)
+    con = store.open_database(directory / "reference.duckdb")
+    con.register("batch", table)
+    t0 = time.perf_counter()
+    con.execute("BEGIN")
+    con.execute("INSERT INTO logs SELECT * FROM batch")
+    con.execute("COMMIT")
+    elapsed = time.perf_counter() - t0
+    con.close()
+    return elapsed
+
+
+async def _send_all(url: str, bodies: list[bytes], concurrency: int) -> tuple[float, list[float]]:
+    import aiohttp
+
+    latencies: list[float] = []
+    queue = list(reversed(bodies))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        async def worker() -> None:
+            while queue:
+                body = queue.pop()
+                t0 = time.perf_counter()
+                while True:
+                    async with session.post(url + "/api/v1/logs", data=body, headers={"Content-Type": "application/json"}) as r:
+                        await r.read()
+                        if r.status == 200:
+                            break
+                        if r.status != 503:
+                            raise RuntimeError(f"push failed: {r.status}")
+                        await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+                latencies.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - t0, latencies
+
+
+def client_process(url: str, bodies: list[bytes], concurrency: int, out) -> None:
+    out.put(asyncio.run(_send_all(url, bodies, concurrency)))
+
+
+def main() -> None:
+    bodies = make_bodies(LINES)
+    lines = len(bodies) * BODY_LINES
+    mb = sum(map(len, bodies)) / 1e6
+    with tempfile.TemporaryDirectory(prefix="fleetlog-bench-") as tmp:
+        ref_s = reference_append(bodies, Path(tmp))
+        server = Server(Path(tmp) / "server.duckdb")
+        try:
+            ctx = multiprocessing.get_context("spawn")
+            out = ctx.Queue()
+            proc = ctx.Process(target=client_process, args=(server.url, bodies, CONCURRENCY, out))
+            proc.start()
+            http_s, latencies = out.get()
+            proc.join()
+        finally:
+            server.stop()
+    ref_rate, http_rate = lines / ref_s, lines / http_s
+    print(f"rows: {lines:,} in {len(bodies)} bodies of {BODY_LINES} lines ({mb:.0f} MB JSON), client concurrency {CONCURRENCY}")
+    print(f"reference  in-process DuckDB bulk append (one Arrow insert + commit): {ref_rate:,.0f} lines/s")
+    print(f"fleetlog   HTTP ingest, separate client process, ack after commit:    {http_rate:,.0f} lines/s")
+    print(f"           request latency p50 {percentile(latencies, 50) * 1000:.0f} ms, p99 {percentile(latencies, 99) * 1000:.0f} ms")
+    print(f"ratio      ingest / reference = {http_rate / ref_rate:.2f}  (target >= 0.50)")
+
+
+if __name__ == "__main__":
+    main()
