@@ -34,12 +34,12 @@ class Settings:
     max_line_bytes: int = _setting(256 * 1024, "longer log lines are truncated to this many bytes and flagged", minimum=16)
     batch_max_rows: int = _setting(250_000, "the writer commits once a batch holds this many rows", minimum=1)
     batch_max_delay_s: float = _setting(0.002, "the writer waits at most this long for more requests before committing", minimum=0)
-    queue_max_rows: int = _setting(2_000_000, "rows waiting for the writer before pushes are refused with 503", minimum=1)
+    queue_max_rows: int = _setting(500_000, "rows waiting for the writer before pushes are refused with 503", minimum=1)
     retry_after_s: int = _setting(1, "Retry-After sent with 503 when the writer queue is full", minimum=0)
     query_timeout_s: float = _setting(10.0, "a read or SQL API query is interrupted after this long", minimum=0.01)
     query_max_rows: int = _setting(10_000, "the SQL API returns at most this many rows", minimum=1)
     tail_cache_lines: int = _setting(1000, "most recent lines kept in memory per (instance, source) for fast tails", minimum=0)
-    tail_cache_max_streams: int = _setting(5000, "streams kept in the tail cache (least recently used leave first)", minimum=0)
+    tail_cache_max_streams: int = _setting(2000, "streams kept in the tail cache (least recently used leave first)", minimum=0)
     log_level: str = _setting("INFO", "logging level of the server (DEBUG, INFO, WARNING, ERROR)")
 
     def __post_init__(self) -> None:
