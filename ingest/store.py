@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any, Callable
 
 import duckdb
 import orjson
@@ -117,8 +118,10 @@ def write_batch(
     metrics: MetricRows,
     instances: dict[str, int],
     received_us: int,
-) -> list[bool]:
-    """Write one group commit; returns, per event, whether it was new (not a duplicate).
+    actions: list[Callable[[duckdb.DuckDBPyConnection], Any]] = (),
+) -> tuple[list[bool], list[Any]]:
+    """Write one group commit; returns, per event, whether it was new (not a duplicate), and
+    what each action returned (actions run last, inside the same transaction).
 
     ``instances`` maps every instance seen in the batch to its newest timestamp (for last_seen).
     Everything happens in one transaction: on error it is rolled back and StoreError raised.
@@ -163,14 +166,15 @@ def write_batch(
             con.unregister("_metric_batch")
         for event in events:
             fresh.append(_write_event(con, event, received_us))
+        results = [action(con) for action in actions]
         con.execute("COMMIT")
-    except duckdb.Error as e:
+    except Exception as e:  # a database error or a failing action: nothing of the group stays
         try:
             con.execute("ROLLBACK")
         except duckdb.Error:
             logger.exception("rollback failed")
         raise StoreError(str(e)) from e
-    return fresh
+    return fresh, results
 
 
 def _upsert_instances(con: duckdb.DuckDBPyConnection, instances: dict[str, int], received_us: int) -> None:

@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from itertools import repeat
+from typing import Any, Callable
 from dataclasses import dataclass, field
 
 import duckdb
@@ -37,6 +38,10 @@ _STOP = object()
 class WriteResult:
     accepted: int
     duplicates: int
+    results: tuple = ()  # what each action returned, in order
+
+
+Action = Callable[[duckdb.DuckDBPyConnection], Any]
 
 
 @dataclass
@@ -48,6 +53,7 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     kind: str
+    actions: list[Action] = field(default_factory=list)
 
 
 @dataclass
@@ -61,6 +67,8 @@ class _Staged:
     new_seqs: dict[StreamKey, list[int]] = field(default_factory=dict)
     tail_rows: dict[TailKey, list[TailRow]] = field(default_factory=dict)
     counts: list[list[int]] = field(default_factory=list)  # per request: [accepted, duplicates]
+    actions: list[Action] = field(default_factory=list)
+    action_owner: list[int] = field(default_factory=list)  # per action: index of its request
     event_owner: list[int] = field(default_factory=list)  # per staged event: index of its request
 
 
@@ -113,6 +121,7 @@ class Writer:
         logs: list[LogChunk] | None = None,
         events: list[Event] | None = None,
         metrics: MetricRows | None = None,
+        actions: list[Action] | None = None,
         kind: str = "logs",
     ) -> WriteResult:
         """Queue rows and wait for the commit that holds them. Raises Overloaded when full."""
@@ -132,7 +141,7 @@ class Writer:
         future = loop.create_future()
         self.pending_rows += rows
         self.pending_requests += 1
-        self._queue.put(_Request(logs, events, metrics, rows, loop, future, kind))
+        self._queue.put(_Request(logs, events, metrics, rows, loop, future, kind, actions or []))
         try:
             return await asyncio.shield(future)
         finally:
@@ -145,6 +154,15 @@ class Writer:
     def _settle(self, rows: int) -> None:
         self.pending_rows -= rows
         self.pending_requests -= 1
+
+    async def execute(self, action: Action, kind: str = "action") -> Any:
+        """Run ``action(connection)`` in the writer's next transaction; return what it returned.
+
+        For the few writes that are not pushes (decisions, verdicts, retention): they go through
+        the one writer like everything else, and are committed when this returns.
+        """
+        result = await self.submit(actions=[action], kind=kind)
+        return result.results[0]
 
     async def flush(self) -> None:
         """Return once everything submitted before this call is committed."""
@@ -182,8 +200,8 @@ class Writer:
         staged = self._stage(batch)
         started = time.perf_counter()
         try:
-            fresh = store.write_batch(
-                self._con, staged.logs, staged.events, staged.metrics, staged.instances, now_us()
+            fresh, action_results = store.write_batch(
+                self._con, staged.logs, staged.events, staged.metrics, staged.instances, now_us(), staged.actions
             )
         except StoreError as e:
             self._metrics.commit_errors.inc()
@@ -200,11 +218,14 @@ class Writer:
         self._publish(staged)
         for i, is_new in enumerate(fresh):
             staged.counts[staged.event_owner[i]][0 if is_new else 1] += 1
-        for request, (accepted, duplicates) in zip(batch, staged.counts):
+        results: list[list[Any]] = [[] for _ in batch]
+        for owner, value in zip(staged.action_owner, action_results):
+            results[owner].append(value)
+        for request, (accepted, duplicates), own in zip(batch, staged.counts, results):
             self._metrics.accepted.labels(kind=request.kind).inc(accepted)
             if duplicates:
                 self._metrics.duplicates.labels(kind=request.kind).inc(duplicates)
-            _resolve(request, result=WriteResult(accepted, duplicates))
+            _resolve(request, result=WriteResult(accepted, duplicates, tuple(own)))
 
     def _stage(self, batch: list[_Request]) -> _Staged:
         staged = _Staged()
@@ -271,6 +292,9 @@ class Writer:
                 event_keys.add(ek)
                 staged.events.append(event)
                 staged.event_owner.append(r)
+            for action in request.actions:
+                staged.actions.append(action)
+                staged.action_owner.append(r)
             if len(request.metrics):
                 m = request.metrics
                 for name in ("instance_id", "name", "ts_us", "value", "labels"):
