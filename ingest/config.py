@@ -19,6 +19,9 @@ from typing import Any, Mapping
 from ingest.errors import ConfigError
 
 ENV_PREFIX = "FLEETLOG_"
+DEFAULT_QUERIES_DIR = Path(__file__).resolve().parent.parent / "queries"
+TRUE_WORDS = {"1", "true", "yes", "on"}
+FALSE_WORDS = {"0", "false", "no", "off"}
 
 
 def _setting(default: Any, help: str, *, minimum: float | None = None) -> Any:
@@ -41,6 +44,23 @@ class Settings:
     tail_cache_lines: int = _setting(1000, "most recent lines kept in memory per (instance, source) for fast tails", minimum=0)
     tail_cache_max_streams: int = _setting(2000, "streams kept in the tail cache (least recently used leave first)", minimum=0)
     log_level: str = _setting("INFO", "logging level of the server (DEBUG, INFO, WARNING, ERROR)")
+    queries_dir: str = _setting("", "directory of the SQL files, policies/ holding the rules (empty: the project's queries/)")
+    min_rate: float = _setting(29.0, "benchmark rate in proofs/hour below which an instance is destroyed", minimum=0)
+    policy_interval_s: float = _setting(60.0, "seconds between policy runs in the server (0 disables the timer)", minimum=0)
+    policy_execute: bool = _setting(False, "carry out decisions (destroy, delete logs); without it policies only propose")
+    destroy_grace_s: float = _setting(600.0, "a destroy waits for logs_complete, or this long after the benchmark ended", minimum=0)
+    destroy_cap_per_cycle: int = _setting(3, "most destroys carried out in one policy run (the rest wait)", minimum=0)
+    bad_host_ttl_s: float = _setting(7 * 86400.0, "how long a rule's exclusion of a machine lasts", minimum=0)
+    stale_ttl_s: float = _setting(3600.0, "an instance silent this long is marked stale", minimum=0)
+    retention_s: float = _setting(30 * 86400.0, "logs and metrics of a stale instance are deleted this long after", minimum=0)
+    actuator_webhook_url: str = _setting("", "URL a decision is POSTed to as JSON when carried out")
+    actuator_command: str = _setting("", "command run to carry out a destroy, e.g. 'vastai destroy instance {instance_id}'")
+    actuator_timeout_s: float = _setting(30.0, "an actuator call is abandoned after this long", minimum=0.01)
+    actuator_retries: int = _setting(3, "attempts of an actuator call before its decision is marked failed", minimum=1)
+
+    @property
+    def queries_path(self) -> Path:
+        return Path(self.queries_dir) if self.queries_dir else DEFAULT_QUERIES_DIR
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -48,12 +68,20 @@ class Settings:
             value = getattr(self, f.name)
             if minimum is not None and value < minimum:
                 raise ConfigError(f"{f.name}: must be >= {minimum}, got {value!r}")
+        if self.actuator_webhook_url and self.actuator_command:
+            raise ConfigError("actuator_webhook_url, actuator_command: set one actuator, not both")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
 
 
 def _cast(name: str, kind: type, raw: Any, origin: str) -> Any:
     """Convert ``raw`` to ``kind`` or raise a ConfigError that names the setting and where it came from."""
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in TRUE_WORDS | FALSE_WORDS:
+            return raw.lower() in TRUE_WORDS
+        raise ConfigError(f"{origin}: expected true or false, got {raw!r}")
     if isinstance(raw, kind) and not (kind is int and isinstance(raw, bool)):
         return raw
     if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
@@ -67,7 +95,7 @@ def _cast(name: str, kind: type, raw: Any, origin: str) -> Any:
 
 
 def _types() -> dict[str, type]:
-    hints = {"str": str, "int": int, "float": float}
+    hints = {"str": str, "int": int, "float": float, "bool": bool}
     return {f.name: hints[f.type] for f in dataclasses.fields(Settings)}
 
 
@@ -76,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="path of a fleetlog.toml (default ./fleetlog.toml when present)")
     for f in dataclasses.fields(Settings):
         flag = "--" + f.name.replace("_", "-")
-        parser.add_argument(flag, dest=f.name, default=None, help=f"{f.metadata['help']} (default {f.default!r}; env {ENV_PREFIX}{f.name.upper()})")
+        extra = {"nargs": "?", "const": "true"} if f.type == "bool" else {}
+        parser.add_argument(flag, dest=f.name, default=None, help=f"{f.metadata['help']} (default {f.default!r}; env {ENV_PREFIX}{f.name.upper()})", **extra)
 
 
 def load(args: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Settings:

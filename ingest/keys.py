@@ -6,13 +6,15 @@ import duckdb
 from aiohttp import web
 
 from ingest.config import Settings
+from ingest.core import Core
 from ingest.observe import IngestMetrics
 from ingest.streams import StreamIndex
 from ingest.tailcache import TailCache
 from ingest.writer import Writer
 
 SETTINGS = web.AppKey("settings", Settings)
-DB = web.AppKey("db", duckdb.DuckDBPyConnection)
+CORE = web.AppKey("core", Core)
+DB = web.AppKey("db", duckdb.DuckDBPyConnection)  # the readers' connection: take a cursor() per call
 WRITER = web.AppKey("writer", Writer)
 INDEX = web.AppKey("index", StreamIndex)
 TAIL = web.AppKey("tail", TailCache)

@@ -44,6 +44,24 @@ class IngestMetrics:
             buckets=(1, 10, 100, 1_000, 10_000, 50_000, 100_000, 250_000),
             registry=registry,
         )
+        self.policy_runs = Counter(
+            "fleetlog_policy_runs_total", "Policy runs, by result", ["result"], registry=registry
+        )
+        self.policy_missed = Counter(
+            "fleetlog_policy_missed_runs_total", "Timer runs skipped because a run took longer than the interval",
+            registry=registry,
+        )
+        self.policy_capped = Counter(
+            "fleetlog_policy_capped_destroys_total", "Proposed destroys held back by destroy_cap_per_cycle",
+            registry=registry,
+        )
+        self.policy_decisions = Counter(
+            "fleetlog_policy_actuations_total", "Decisions carried out, by action and resulting state",
+            ["action", "state"], registry=registry,
+        )
+        self.policy_seconds = Histogram(
+            "fleetlog_policy_run_seconds", "Time of one policy run", registry=registry
+        )
         self.query_seconds = Histogram(
             "fleetlog_query_seconds", "Time of read and SQL API queries", ["api"], registry=registry
         )

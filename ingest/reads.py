@@ -177,3 +177,32 @@ def run_select(con, sql: str, timeout_s: float, max_rows: int) -> tuple[list[str
         columns = [d[0] for d in cur.description]
         rows = cur.fetchmany(max_rows + 1)
     return columns, rows[:max_rows], len(rows) > max_rows
+
+
+def hosts(con, timeout_s: float, host_performance_sql: str, hosts_sql: str, min_rate: float, now,
+          machine_id: int | None = None) -> list[dict[str, Any]]:
+    """The deploy gate (queries/hosts.sql over the host_performance rule)."""
+    sql = f"WITH host_performance AS ({host_performance_sql}) SELECT * FROM ({hosts_sql})"
+    params: dict[str, Any] = {"min_rate": min_rate, "now": now}
+    if machine_id is not None:
+        sql += " WHERE machine_id = $machine_id"
+        params["machine_id"] = machine_id
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(sql, params)
+        return _dicts(cur)
+
+
+def decisions(con, timeout_s: float, *, state: str | None, action: str | None, subject: str | None,
+              limit: int) -> list[dict[str, Any]]:
+    filters, params = [], []
+    for column, value in (("state", state), ("action", action), ("subject", subject)):
+        if value:
+            filters.append(f"{column} = ?")
+            params.append(value)
+    where = ("WHERE " + " AND ".join(filters)) if filters else ""
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(f"SELECT * FROM decisions {where} ORDER BY id DESC LIMIT ?", [*params, limit])
+        rows = _dicts(cur)
+    for row in rows:
+        row["evidence"] = orjson.loads(row["evidence"])
+    return rows

@@ -157,6 +157,12 @@ class StreamIndex:
                 for r in (self._streams[k],)
             ]
 
+    def forget(self, instance_id: str) -> None:
+        """The instance's logs were deleted (retention)."""
+        with self._lock:
+            for key in self._by_instance.pop(instance_id, ()):
+                del self._streams[key]
+
     def instances(self) -> list[str]:
         with self._lock:
             return list(self._by_instance)

@@ -134,5 +134,10 @@ class TailCache:
             if entry is not None and entry.pending is not None:
                 del self._entries[key]
 
+    def forget(self, instance_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == instance_id]:
+                del self._entries[key]
+
     def stream_count(self) -> int:
         return len(self._entries)

@@ -1,0 +1,103 @@
+"""Carrying out a decision outside fleetlog: a webhook, or a command such as ``vastai destroy``.
+
+Behind one seam (``Actuator.carry_out``) so that the policy engine does not know which; tests use a
+real local HTTP server and a real command. Each call has a timeout; retries belong to the engine,
+which counts attempts across cycles in the decisions table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+logger = logging.getLogger(__name__)
+
+
+class ActuationError(Exception):
+    """The actuator did not confirm the action."""
+
+
+class Actuator(Protocol):
+    name: str
+
+    async def carry_out(self, decision: dict[str, Any]) -> str:
+        """Do it; return a short confirmation, or raise ActuationError."""
+        ...
+
+
+class NoActuator:
+    name = "none"
+
+    async def carry_out(self, decision: dict[str, Any]) -> str:
+        raise ActuationError("no actuator configured (set actuator_webhook_url or actuator_command)")
+
+
+class WebhookActuator:
+    name = "webhook"
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def carry_out(self, decision: dict[str, Any]) -> str:
+        body = orjson.dumps(decision, default=str, option=orjson.OPT_NAIVE_UTC)
+        try:
+            async with aiohttp.ClientSession(timeout=self.timeout) as session:
+                async with session.post(self.url, data=body, headers={"Content-Type": "application/json"}) as r:
+                    text = (await r.text())[:200]
+                    if r.status // 100 != 2:
+                        raise ActuationError(f"webhook answered {r.status}: {text}")
+                    return f"webhook {r.status}"
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise ActuationError(f"webhook unreachable: {type(e).__name__}: {e}") from e
+
+
+class CommandActuator:
+    """Runs ``template`` with ``{instance_id}``, ``{machine_id}``, ``{subject}``, ``{action}``, ``{id}``
+    substituted in each argument after splitting (no shell: a value cannot inject a command)."""
+
+    name = "command"
+
+    def __init__(self, template: str, timeout_s: float) -> None:
+        self.argv = shlex.split(template)
+        self.timeout_s = timeout_s
+
+    async def carry_out(self, decision: dict[str, Any]) -> str:
+        evidence = decision.get("evidence") or {}
+        fields = {
+            "instance_id": decision["subject"], "subject": decision["subject"], "action": decision["action"],
+            "id": decision["id"], "machine_id": evidence.get("machine_id", ""),
+        }
+        try:
+            argv = [arg.format(**fields) for arg in self.argv]
+        except (KeyError, IndexError, ValueError) as e:
+            raise ActuationError(f"command template: {e}") from e
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            )
+        except OSError as e:
+            raise ActuationError(f"cannot run {argv[0]}: {e}") from e
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise ActuationError(f"{argv[0]} timed out after {self.timeout_s} s") from None
+        text = out.decode("utf-8", "replace").strip()[-300:]
+        if proc.returncode != 0:
+            raise ActuationError(f"{argv[0]} exited {proc.returncode}: {text}")
+        return text or f"{argv[0]} exited 0"
+
+
+def build_actuator(webhook_url: str, command: str, timeout_s: float) -> Actuator:
+    if webhook_url:
+        return WebhookActuator(webhook_url, timeout_s)
+    if command:
+        return CommandActuator(command, timeout_s)
+    return NoActuator()

@@ -1,0 +1,92 @@
+"""The server's stateful parts, opened and closed together: the database, the seq index, the tail
+cache, the writer, and the policy engine. The HTTP app and ``fleetlog policy run`` both use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import duckdb
+
+from ingest import store
+from ingest.actuator import build_actuator
+from ingest.config import Settings
+from ingest.observe import IngestMetrics, LiveStateCollector
+from ingest.policy import PolicyEngine, PolicyParams, load_rules
+from ingest.streams import StreamIndex
+from ingest.tailcache import TailCache
+from ingest.writer import Writer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Core:
+    con: duckdb.DuckDBPyConnection  # the writer's; nobody else touches it
+    reader: duckdb.DuckDBPyConnection  # never executes: readers take their own ``reader.cursor()``
+    index: StreamIndex
+    tail: TailCache
+    writer: Writer
+    policy: PolicyEngine
+
+    @classmethod
+    def open(cls, settings: Settings, metrics: IngestMetrics) -> "Core":
+        rules = load_rules(settings.queries_path)  # a broken rule stops start-up before the database opens
+        con = store.open_database(settings.db)
+        index = StreamIndex()
+        index.load(con.cursor())
+        tail = TailCache(settings.tail_cache_lines, settings.tail_cache_max_streams)
+        writer = Writer(
+            con, index, tail, metrics,
+            batch_max_rows=settings.batch_max_rows,
+            batch_max_delay_s=settings.batch_max_delay_s,
+            queue_max_rows=settings.queue_max_rows,
+            retry_after_s=settings.retry_after_s,
+        )
+        # DuckDB refuses ``con.cursor()`` while ``con`` is executing, so readers must not derive their
+        # cursors from the writer's connection: they get theirs from an idle one.
+        reader = con.cursor()
+        policy = PolicyEngine(
+            reader, writer, index, tail, rules,
+            PolicyParams(
+                min_rate=settings.min_rate,
+                destroy_grace_s=settings.destroy_grace_s,
+                bad_host_ttl_s=settings.bad_host_ttl_s,
+                stale_ttl_s=settings.stale_ttl_s,
+                retention_s=settings.retention_s,
+            ),
+            build_actuator(settings.actuator_webhook_url, settings.actuator_command, settings.actuator_timeout_s),
+            metrics,
+            destroy_cap_per_cycle=settings.destroy_cap_per_cycle,
+            actuator_retries=settings.actuator_retries,
+            query_timeout_s=settings.query_timeout_s,
+        )
+        metrics.registry.register(
+            LiveStateCollector(
+                {
+                    "fleetlog_ingest_queue_rows": ("Rows waiting for the writer", lambda: writer.pending_rows),
+                    "fleetlog_ingest_queue_requests": ("Requests waiting for their commit", lambda: writer.pending_requests),
+                    "fleetlog_ingest_streams": ("Log streams (instance, source, run_id) stored", index.stream_count),
+                    "fleetlog_tailcache_streams": ("Streams held in the tail cache", tail.stream_count),
+                    "fleetlog_tailcache_hits": ("Tail reads answered from memory", lambda: tail.hits),
+                    "fleetlog_tailcache_misses": ("Tail reads that went to the database", lambda: tail.misses),
+                }
+            )
+        )
+        writer.start()
+        logger.info("database %s open, %d log streams indexed, %d policy rules", settings.db, index.stream_count(), len(rules))
+        return cls(con, reader, index, tail, writer, policy)
+
+    async def close(self) -> None:
+        await self.writer.stop()
+        for _ in range(100):  # a reader thread of a request cut short at shutdown may still run
+            try:
+                self.reader.close()
+                break
+            except duckdb.ResourceInUseException:
+                self.reader.interrupt()
+                await asyncio.sleep(0.05)
+        self.con.close()
+        logger.info("writer drained, database closed")

@@ -1,0 +1,329 @@
+"""Lifecycle policies: the SQL rules in ``queries/policies/``, run on a timer or once.
+
+A rule file opens with a comment header (``-- rule:``, ``-- decides:``/``-- answers:``,
+``-- params:``, ``-- output:``) and holds one SELECT. Rules run in file-name order on one cursor;
+each result becomes a temporary table named after the rule, so later rules can read earlier ones.
+Outputs:
+
+- ``classify``: (instance_id, done_at, failure_class, failure_line) rows, stored on bench_runs before
+  the other rules run;
+- ``table``: kept for later rules (and read by the hosts API);
+- ``decisions``: (subject, action, reason, evidence, episode, expires_at) rows, stored once per
+  (rule, subject, episode) in ``decisions``.
+
+Verdicts that only fleetlog acts on (``exclude_host``, ``mark_stale``) are recorded as executed.
+``destroy`` and ``delete_logs`` stay ``proposed`` until a run with ``execute``: then at most
+``destroy_cap_per_cycle`` destroys go to the actuator; a failed one is retried on later runs until
+``actuator_retries`` attempts, then marked ``failed``. Everything is written through the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+
+from ingest.actuator import ActuationError, Actuator
+from ingest.codec import Event, now_us
+from ingest.errors import ConfigError, QueryError
+from ingest.observe import IngestMetrics
+from ingest.reads import check_select, deadline_cursor
+from ingest.streams import StreamIndex
+from ingest.tailcache import TailCache
+from ingest.writer import Writer
+
+logger = logging.getLogger(__name__)
+
+OUTPUTS = {"classify", "table", "decisions"}
+INTERNAL_ACTIONS = {"exclude_host", "mark_stale"}  # recorded as executed: nothing leaves fleetlog
+PARAM_NAMES = {"min_rate", "destroy_grace_s", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "now"}
+_HEADER = re.compile(r"^--\s*([a-z_]+):\s*(.*)$")
+_PARAM = re.compile(r"\$([a-z_]+)")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    path: Path
+    sql: str
+    sha: str
+    output: str
+    params: tuple[str, ...]
+
+
+def load_rules(queries_dir: str | Path) -> list[Rule]:
+    """Read and check every ``queries/policies/*.sql``; a broken rule raises ConfigError naming its file."""
+    directory = Path(queries_dir) / "policies"
+    if not directory.is_dir():
+        raise ConfigError(f"queries_dir: {directory} is not a directory")
+    rules = []
+    for path in sorted(directory.glob("*.sql")):
+        text = path.read_text()
+        header = {}
+        for line in text.splitlines():
+            m = _HEADER.match(line.strip())
+            if m and m.group(1) not in header:
+                header[m.group(1)] = m.group(2).strip()
+        name = header.get("rule") or path.stem.split("_", 1)[-1]
+        output = header.get("output", "").split(" ", 1)[0]
+        if output not in OUTPUTS:
+            raise ConfigError(f"{path}: '-- output:' must start with one of {sorted(OUTPUTS)}")
+        sql = text.strip().rstrip(";")
+        params = tuple(sorted(set(_PARAM.findall(sql))))
+        unknown = set(params) - PARAM_NAMES
+        if unknown:
+            raise ConfigError(f"{path}: unknown parameters {sorted(unknown)}; known: {sorted(PARAM_NAMES)}")
+        try:
+            check_select(sql)
+        except QueryError as e:
+            raise ConfigError(f"{path}: {e.message}") from e
+        rules.append(Rule(name, path, sql, hashlib.sha256(sql.encode()).hexdigest()[:16], output, params))
+    return rules
+
+
+@dataclass(frozen=True)
+class PolicyParams:
+    min_rate: float
+    destroy_grace_s: float
+    bad_host_ttl_s: float
+    stale_ttl_s: float
+    retention_s: float
+
+    def values(self, now: dt.datetime) -> dict[str, Any]:
+        return {
+            "min_rate": self.min_rate, "destroy_grace_s": self.destroy_grace_s, "bad_host_ttl_s": self.bad_host_ttl_s,
+            "stale_ttl_s": self.stale_ttl_s, "retention_s": self.retention_s, "now": now,
+        }
+
+
+@dataclass
+class CycleReport:
+    execute: bool
+    classified: int = 0
+    new_decisions: list[int] = field(default_factory=list)
+    executed: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    capped: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class PolicyEngine:
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        writer: Writer,
+        index: StreamIndex,
+        tail: TailCache,
+        rules: list[Rule],
+        params: PolicyParams,
+        actuator: Actuator,
+        metrics: IngestMetrics,
+        *,
+        destroy_cap_per_cycle: int,
+        actuator_retries: int,
+        query_timeout_s: float,
+    ) -> None:
+        self.con = con
+        self.writer = writer
+        self.index = index
+        self.tail = tail
+        self.rules = rules
+        self.params = params
+        self.actuator = actuator
+        self.metrics = metrics
+        self.cap = destroy_cap_per_cycle
+        self.retries = actuator_retries
+        self.timeout_s = query_timeout_s
+        self._lock = asyncio.Lock()  # one cycle at a time: the timer and an operator's run never overlap
+
+    def rule(self, name: str) -> Rule:
+        return next(r for r in self.rules if r.name == name)
+
+    # -- one cycle -------------------------------------------------------------------------------
+    async def run_cycle(self, execute: bool, now: dt.datetime | None = None) -> CycleReport:
+        async with self._lock:
+            started = time.perf_counter()
+            now = now or utcnow()
+            report = CycleReport(execute)
+            try:
+                params = self.params.values(now)
+                for rule in self.rules:
+                    if rule.output == "classify":
+                        rows = await asyncio.to_thread(self._select, rule, params)
+                        if rows:
+                            await self.writer.execute(lambda con, rows=rows: _store_classes(con, rows), kind="policy")
+                        report.classified += len(rows)
+                decided = await asyncio.to_thread(self._evaluate, params)
+                report.new_decisions = await self.writer.execute(
+                    lambda con: _store_decisions(con, decided, now), kind="policy"
+                )
+                if execute:
+                    await self._carry_out(report, now)
+            except Exception:
+                self.metrics.policy_runs.labels(result="error").inc()
+                raise
+            self.metrics.policy_runs.labels(result="ok").inc()
+            self.metrics.policy_seconds.observe(time.perf_counter() - started)
+            if report.new_decisions or report.executed or report.failed:
+                logger.info("policy run: %s", report.as_dict())
+            return report
+
+    def _select(self, rule: Rule, params: dict[str, Any]) -> list[tuple]:
+        with deadline_cursor(self.con, self.timeout_s) as cur:
+            return cur.execute(rule.sql, {p: params[p] for p in rule.params}).fetchall()
+
+    def _evaluate(self, params: dict[str, Any]) -> list[tuple[Rule, tuple]]:
+        decided = []
+        with deadline_cursor(self.con, self.timeout_s) as cur:
+            for rule in self.rules:
+                if rule.output == "classify":
+                    continue
+                cur.execute(f'CREATE OR REPLACE TEMP TABLE "{rule.name}" AS {rule.sql}', {p: params[p] for p in rule.params})
+                if rule.output == "decisions":
+                    rows = cur.execute(
+                        f'SELECT subject, action, reason, evidence, episode, expires_at FROM "{rule.name}"'
+                    ).fetchall()
+                    decided.extend((rule, row) for row in rows)
+        return decided
+
+    async def _carry_out(self, report: CycleReport, now: dt.datetime) -> None:
+        proposed = await asyncio.to_thread(self._proposed)
+        destroys = [d for d in proposed if d["action"] == "destroy"]
+        if len(destroys) > self.cap:
+            report.capped = len(destroys) - self.cap
+            self.metrics.policy_capped.inc(report.capped)
+            logger.warning("%d destroys proposed, carrying out %d (destroy_cap_per_cycle); the rest wait", len(destroys), self.cap)
+        for decision in destroys[: self.cap]:
+            await self._destroy(decision, report, now)
+        for decision in (d for d in proposed if d["action"] == "delete_logs"):
+            instance_id = decision["subject"]
+            await self.writer.execute(lambda con: _delete_logs(con, instance_id), kind="policy")
+            self.index.forget(instance_id)
+            self.tail.forget(instance_id)
+            await self._settle(decision, "executed", None, now)
+            report.executed.append(decision["id"])
+
+    async def _destroy(self, decision: dict[str, Any], report: CycleReport, now: dt.datetime) -> None:
+        state = await asyncio.to_thread(self._instance_state, decision["subject"])
+        if state == "killed":
+            await self._settle(decision, "skipped", "instance already killed", now)
+            report.skipped.append(decision["id"])
+            return
+        try:
+            confirmation = await self.actuator.carry_out(decision)
+        except ActuationError as e:
+            attempts = decision["attempts"] + 1
+            final = attempts >= self.retries
+            logger.error("destroy of %s failed (attempt %d of %d): %s", decision["subject"], attempts, self.retries, e)
+            await self._settle(decision, "failed" if final else "proposed", str(e), now)
+            if final:
+                report.failed.append(decision["id"])
+            return
+        await self._settle(decision, "executed", None, now)
+        report.executed.append(decision["id"])
+        killed = Event(decision["subject"], "killed", now_us(),
+                       {"instance_id": decision["subject"], "kind": "killed", "by": "policy",
+                        "decision_id": decision["id"], "actuator": self.actuator.name, "confirmation": confirmation})
+        await self.writer.submit(events=[killed], kind="events")
+        logger.warning("destroyed %s (%s): %s", decision["subject"], decision["reason"], confirmation)
+
+    async def _settle(self, decision: dict[str, Any], state: str, error: str | None, now: dt.datetime) -> None:
+        self.metrics.policy_decisions.labels(action=decision["action"], state=state).inc()
+
+        def update(con: duckdb.DuckDBPyConnection) -> None:
+            con.execute(
+                """UPDATE decisions SET state = ?, attempts = attempts + ?, last_error = ?,
+                   executed_at = CASE WHEN ? = 'executed' THEN ?::TIMESTAMP ELSE executed_at END WHERE id = ?""",
+                [state, 0 if state == "skipped" else 1, error, state, now, decision["id"]],
+            )
+
+        await self.writer.execute(update, kind="policy")
+
+    def _proposed(self) -> list[dict[str, Any]]:
+        with deadline_cursor(self.con, self.timeout_s) as cur:
+            cur.execute(
+                "SELECT id, rule, subject, action, reason, evidence, episode, decided_at, attempts FROM decisions "
+                "WHERE state = 'proposed' AND action IN ('destroy', 'delete_logs') ORDER BY id"
+            )
+            names = [d[0] for d in cur.description]
+            out = [dict(zip(names, row)) for row in cur.fetchall()]
+        for d in out:
+            d["evidence"] = orjson.loads(d["evidence"])
+        return out
+
+    def _instance_state(self, instance_id: str) -> str | None:
+        with deadline_cursor(self.con, self.timeout_s) as cur:
+            row = cur.execute("SELECT state FROM instance_state WHERE instance_id = ?", [instance_id]).fetchone()
+        return row[0] if row else None
+
+    # -- the timer -------------------------------------------------------------------------------
+    async def run_forever(self, interval_s: float, execute: bool, stop: asyncio.Event) -> None:
+        """Run a cycle every ``interval_s`` until ``stop`` is set (a running cycle finishes first);
+        runs missed while one ran long are counted, not replayed."""
+        next_at = time.monotonic()
+        while not stop.is_set():
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if stop.is_set():
+                    return
+            try:
+                await self.run_cycle(execute)
+            except Exception:
+                logger.exception("policy run failed; next run in %.0f s", interval_s)
+            next_at += interval_s
+            late = time.monotonic() - next_at
+            if late > 0:
+                missed = int(late // interval_s) + 1
+                self.metrics.policy_missed.inc(missed)
+                next_at += missed * interval_s
+
+
+def _store_classes(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> int:
+    for instance_id, done_at, failure_class, failure_line in rows:
+        con.execute(
+            "UPDATE bench_runs SET failure_class = ?, failure_line = ? WHERE instance_id = ? AND done_at = ? AND failure_class IS NULL",
+            [failure_class, failure_line, instance_id, done_at],
+        )
+    return len(rows)
+
+
+def _store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple[Rule, tuple]], now: dt.datetime) -> list[int]:
+    new_ids = []
+    for rule, (subject, action, reason, evidence, episode, expires_at) in decided:
+        internal = action in INTERNAL_ACTIONS
+        row = con.execute(
+            """INSERT INTO decisions (rule, rule_sha, subject, action, reason, evidence, episode, decided_at, expires_at,
+                                      state, executed_at)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+               ON CONFLICT DO NOTHING RETURNING id""",
+            [rule.name, rule.sha, str(subject), action, reason, evidence, episode, now, expires_at,
+             "executed" if internal else "proposed", now if internal else None],
+        ).fetchone()
+        if row:
+            new_ids.append(row[0])
+    return new_ids
+
+
+def _delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str) -> int:
+    deleted = con.execute("DELETE FROM logs WHERE instance_id = ?", [instance_id]).fetchone()[0]
+    con.execute("DELETE FROM metrics WHERE instance_id = ?", [instance_id])
+    return deleted

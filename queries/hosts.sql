@@ -1,0 +1,51 @@
+-- hosts: the deploy gate. Per machine_id: best rate, runs, $/proof, whether it is bad and why, and
+--   whether an orchestrator may rent it (not bad, and its best rate, when known, >= $min_rate).
+--   Bad: the newest of (the operator's verdict, the rule's latest unexpired exclusion) decides; an
+--   operator's verdict wins over exclusions for failures that happened before it.
+-- params: $min_rate (proofs/hour), $now (timestamp)
+-- needs: host_performance (queries/policies/20_host_performance.sql), given as a CTE by the server
+--   and by `fleetlog query --file queries/hosts.sql`.
+WITH machines AS (
+    SELECT DISTINCT machine_id FROM instances WHERE machine_id IS NOT NULL
+    UNION SELECT machine_id FROM host_verdicts
+),
+rule_exclusions AS (
+    SELECT subject::BIGINT AS machine_id,
+           arg_max(reason, (evidence->>'done_at')::TIMESTAMP) AS reason,
+           max((evidence->>'done_at')::TIMESTAMP) AS failed_at,
+           max(expires_at) AS expires_at
+    FROM decisions
+    WHERE action = 'exclude_host' AND (expires_at IS NULL OR expires_at > $now::TIMESTAMP)
+    GROUP BY 1
+),
+verdicts AS (
+    SELECT machine_id, arg_max(verdict, verdict_at) AS verdict, arg_max(reason, verdict_at) AS reason, max(verdict_at) AS verdict_at,
+           arg_max(expires_at, verdict_at) AS expires_at
+    FROM host_verdicts GROUP BY 1
+),
+live_verdicts AS (
+    SELECT * FROM verdicts WHERE expires_at IS NULL OR expires_at > $now::TIMESTAMP
+)
+SELECT m.machine_id,
+       p.gpu_model,
+       p.best_rate,
+       coalesce(p.runs, 0) AS runs,
+       coalesce(p.failed_runs, 0) AS failed_runs,
+       p.last_run_at,
+       p.last_rate,
+       p.dollars_per_proof,
+       CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at) THEN v.verdict = 'exclude'
+            ELSE r.machine_id IS NOT NULL END AS bad,
+       CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at)
+            THEN 'operator ' || v.verdict || ': ' || v.reason
+            ELSE r.reason END AS reason,
+       CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at) THEN 'operator'
+            WHEN r.machine_id IS NOT NULL THEN 'rule' END AS verdict_by,
+       CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at) THEN v.expires_at
+            ELSE r.expires_at END AS verdict_expires_at,
+       NOT bad AND (p.best_rate IS NULL OR p.best_rate >= $min_rate) AS eligible
+FROM machines m
+LEFT JOIN host_performance p USING (machine_id)
+LEFT JOIN rule_exclusions r USING (machine_id)
+LEFT JOIN live_verdicts v USING (machine_id)
+ORDER BY p.best_rate DESC NULLS LAST, m.machine_id

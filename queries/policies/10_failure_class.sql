@@ -1,0 +1,49 @@
+-- rule: failure_class
+-- decides: the failure class of each failed benchmark run not yet classified, from its exit, its
+--   rate and its instance's logs: oom, gpu_lost, cuda_error, timeout, network, param_fetch, signal,
+--   unknown. The first matching class in that order wins; the matching line is kept as evidence.
+-- params: none
+-- output: classify (instance_id, done_at, failure_class, failure_line), written to bench_runs
+WITH failed AS (
+    SELECT instance_id, done_at, exit_code, rate_per_hour, failure_excerpt,
+           json_extract_string(e.body, '$.signal') AS signal
+    FROM bench_runs b
+    LEFT JOIN events e USING (instance_id)
+    WHERE b.done_at IS NOT NULL AND b.failure_class IS NULL
+      AND (b.exit_code IS DISTINCT FROM 0 OR coalesce(b.rate_per_hour, 0) <= 0)
+      AND (e.kind = 'bench_done' AND e.ts = b.done_at OR e.kind IS NULL)
+),
+patterns (failure_class, priority, pattern) AS (
+    VALUES ('oom', 1, '(?i)(out of memory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|oom-kill|Killed process|memory allocation failed|cannot allocate memory)'),
+           ('gpu_lost', 2, '(?i)(Xid[^0-9]*79|fallen off the bus|GPU is lost|GPU_IS_LOST|NVML_ERROR_GPU_IS_LOST)'),
+           ('cuda_error', 3, '(?i)(CUDA error|cudaError|CUDA_ERROR|illegal memory access|unspecified launch failure|Xid)'),
+           ('timeout', 4, '(?i)(timed out|timeout|deadline exceeded|DeadlineExceeded)'),
+           ('network', 5, '(?i)(connection refused|connection reset|ECONNREFUSED|ECONNRESET|no route to host|network is unreachable|broken pipe)'),
+           ('param_fetch', 6, '(?i)(param(eter)?s? (fetch|download)|fetch-params|paramfetch|failed to (fetch|download) param)')
+),
+candidate_lines AS (
+    -- the excerpt the agent sent, then every stored log line of the failed instance
+    SELECT f.instance_id, f.done_at, unnest(string_split(f.failure_excerpt, chr(10))) AS line
+    FROM failed f WHERE f.failure_excerpt IS NOT NULL
+    UNION ALL
+    SELECT f.instance_id, f.done_at, l.line
+    FROM failed f JOIN logs l ON l.instance_id = f.instance_id AND l.ts <= f.done_at + INTERVAL 1 MINUTE
+),
+matches AS (
+    SELECT c.instance_id, c.done_at, p.failure_class, p.priority, c.line
+    FROM candidate_lines c JOIN patterns p ON regexp_matches(c.line, p.pattern)
+),
+best AS (
+    SELECT instance_id, done_at, arg_min(failure_class, priority) AS failure_class,
+           arg_min(line, priority) AS failure_line
+    FROM matches GROUP BY instance_id, done_at
+)
+SELECT f.instance_id, f.done_at,
+       CASE WHEN b.failure_class IS NOT NULL THEN b.failure_class
+            WHEN f.signal IS NOT NULL OR f.exit_code > 128 THEN 'signal'
+            ELSE 'unknown' END AS failure_class,
+       CASE WHEN b.failure_class IS NOT NULL THEN b.failure_line
+            WHEN f.signal IS NOT NULL THEN 'killed by signal ' || f.signal
+            WHEN f.exit_code > 128 THEN 'exit code ' || f.exit_code::VARCHAR || ' (signal ' || (f.exit_code - 128)::VARCHAR || ')'
+            ELSE NULL END AS failure_line
+FROM failed f LEFT JOIN best b USING (instance_id, done_at)
