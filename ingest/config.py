@@ -24,8 +24,8 @@ TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off"}
 
 
-def _setting(default: Any, help: str, *, minimum: float | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "minimum": minimum})
+def _setting(default: Any, help: str, *, minimum: float | None = None, aliases: tuple[str, ...] = ()) -> Any:
+    return field(default=default, metadata={"help": help, "minimum": minimum, "aliases": aliases})
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,9 @@ class Settings:
     log_level: str = _setting("INFO", "logging level of the server (DEBUG, INFO, WARNING, ERROR)")
     queries_dir: str = _setting("", "directory of the SQL files, policies/ holding the rules (empty: the project's queries/)")
     min_rate: float = _setting(29.0, "benchmark rate in proofs/hour below which an instance is destroyed", minimum=0)
-    policy_interval_s: float = _setting(60.0, "seconds between policy runs in the server (0 disables the timer)", minimum=0)
+    policy_interval_s: float = _setting(
+        60.0, "seconds between policy runs in the server (0 disables the timer)", minimum=0, aliases=("--policy-interval",)
+    )
     policy_execute: bool = _setting(False, "carry out decisions (destroy, delete logs); without it policies only propose")
     destroy_grace_s: float = _setting(600.0, "a destroy waits for logs_complete, or this long after the benchmark ended", minimum=0)
     destroy_cap_per_cycle: int = _setting(3, "most destroys carried out in one policy run (the rest wait)", minimum=0)
@@ -105,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(Settings):
         flag = "--" + f.name.replace("_", "-")
         extra = {"nargs": "?", "const": "true"} if f.type == "bool" else {}
-        parser.add_argument(flag, dest=f.name, default=None, help=f"{f.metadata['help']} (default {f.default!r}; env {ENV_PREFIX}{f.name.upper()})", **extra)
+        parser.add_argument(flag, *f.metadata["aliases"], dest=f.name, default=None, help=f"{f.metadata['help']} (default {f.default!r}; env {ENV_PREFIX}{f.name.upper()})", **extra)
 
 
 def load(args: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Settings:
