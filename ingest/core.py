@@ -13,8 +13,9 @@ import duckdb
 from ingest import store
 from ingest.actuator import build_actuator
 from ingest.config import Settings
+from ingest.fleetgauges import FleetCollector
 from ingest.observe import IngestMetrics, LiveStateCollector
-from ingest.policy import PolicyEngine, PolicyParams, load_rules
+from ingest.policy import PolicyEngine, PolicyParams, hosts_sql, load_rules
 from ingest.streams import StreamIndex
 from ingest.tailcache import TailCache
 from ingest.writer import Writer
@@ -74,6 +75,10 @@ class Core:
                     "fleetlog_tailcache_misses": ("Tail reads that went to the database", lambda: tail.misses),
                 }
             )
+        )
+        metrics.registry.register(
+            FleetCollector(reader, index, lambda: (policy.rule("host_performance").sql, hosts_sql(settings.queries_path)),
+                           settings.min_rate, settings.query_timeout_s)
         )
         writer.start()
         logger.info("database %s open, %d log streams indexed, %d policy rules", settings.db, index.stream_count(), len(rules))

@@ -304,3 +304,22 @@ async def test_broken_rule_stops_startup_naming_the_file(tmp_path, settings):
 
     with pytest.raises(ConfigError, match="10_bad.sql.*only SELECT"):
         load_rules(queries)
+
+
+async def test_metrics_expose_fleet_gauges(aiohttp_client, policy_settings):
+    client = await aiohttp_client(create_app(policy_settings))
+    done = utcnow() - dt.timedelta(seconds=30)
+    await incident(client, done, logs_complete=False)
+    await bench_instance(client, "C.40", 777, done=done, exit_code=0, rate=40.0, gpu_model="RTX 4090")
+    await run_policies(client)
+    text = await (await client.get("/metrics")).text()
+    for line in (
+        'fleetlog_fleet_instances{state="bench_done"} 2.0',
+        'fleetlog_fleet_best_rate_proofs_per_hour{gpu_model="RTX 4090",machine_id="777"} 40.0',
+        "fleetlog_fleet_bad_hosts 1.0",
+        "fleetlog_fleet_eligible_hosts 1.0",
+        'fleetlog_fleet_failed_bench_runs{failure_class="oom"} 1.0',
+        "fleetlog_fleet_incomplete_log_instances 2.0",
+        'fleetlog_policy_decisions{action="exclude_host",state="executed"} 1.0',
+    ):
+        assert line in text, line

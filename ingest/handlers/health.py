@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -21,5 +23,5 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
+    body = await asyncio.to_thread(generate_latest, request.app[METRICS].registry)  # fleet gauges query the database
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
