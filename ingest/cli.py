@@ -2,6 +2,7 @@
 
     fleetlog serve [settings...]                 run the server
     fleetlog policy run [--once] [--execute]     run the lifecycle rules (dry run unless --execute)
+    fleetlog query SQL | --file queries/X.sql    ask the stored data (read-only)
 """
 
 from __future__ import annotations
@@ -39,6 +40,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--execute", action="store_true", help="carry out the decisions (destroy, delete logs)")
     run.add_argument("--server", help="URL of a running fleetlog server, e.g. http://127.0.0.1:8080")
     config.add_arguments(run)
+
+    query = commands.add_parser(
+        "query",
+        help="run one read-only SELECT, against a running server (--server) or a database file",
+        description="SQL from the command line or a file under queries/ (its '-- needs:' are put in front). "
+        "$name parameters come from --param name=value; $now and $min_rate are filled in when not given.",
+    )
+    query.add_argument("sql", nargs="?", help="the SELECT to run")
+    query.add_argument("--file", help="a .sql file, e.g. queries/why_failed.sql")
+    query.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a $NAME parameter")
+    query.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    query.add_argument("--server", help="URL of a running fleetlog server (it holds the database)")
+    query.add_argument("--db", help="the database file, when no server holds it (default ./var/fleetlog.duckdb)")
+    query.add_argument("--min-rate", type=float, default=None, help="the $min_rate to use (default the server's)")
     return parser
 
 
@@ -128,6 +143,118 @@ async def _policy_local(settings: config.Settings, once: bool, execute: bool) ->
     return 0
 
 
+def _param_value(raw: str):
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def query(args: dict) -> int:
+    from pathlib import Path
+
+    from ingest import queryfiles, reads
+    from ingest.errors import QueryError, QueryTimeout
+    from ingest.policy import utcnow
+
+    settings = config.Settings()
+    if bool(args["sql"]) == bool(args["file"]):
+        print("fleetlog query: give either SQL or --file", file=sys.stderr)
+        return 2
+    try:
+        sql = queryfiles.compose(Path(args["file"]), settings.queries_path) if args["file"] else args["sql"]
+    except (OSError, QueryError) as e:
+        print(f"fleetlog query: {e}", file=sys.stderr)
+        return 2
+    given = {}
+    for item in args["param"]:
+        name, sep, value = item.partition("=")
+        if not sep:
+            print(f"fleetlog query: --param {item!r}: expected NAME=VALUE", file=sys.stderr)
+            return 2
+        given[name] = _param_value(value)
+    if args["min_rate"] is not None:
+        given["min_rate"] = args["min_rate"]
+    if args["server"]:
+        return _query_via_server(args["server"], sql, given, args["format"])
+    try:
+        params = queryfiles.bind(sql, given, {"now": utcnow(), "min_rate": settings.min_rate})
+        import duckdb
+
+        path = args["db"] or settings.db
+        if not Path(path).exists():
+            print(f"fleetlog query: no database at {path}", file=sys.stderr)
+            return 1
+        try:
+            con = duckdb.connect(path, read_only=True)
+        except duckdb.Error as e:
+            print(f"fleetlog query: {e}\n(is a server holding the database? then use --server URL)", file=sys.stderr)
+            return 1
+        try:
+            columns, rows, truncated = reads.run_select(con, sql, settings.query_timeout_s * 6, 1_000_000, params)
+        finally:
+            con.close()
+    except (QueryError, QueryTimeout) as e:
+        print(f"fleetlog query: {e.message}", file=sys.stderr)
+        return 1
+    _print_rows(columns, [list(r) for r in rows], args["format"])
+    return 0
+
+
+def _query_via_server(server: str, sql: str, params: dict, fmt: str) -> int:
+    url = server.rstrip("/") + "/api/v1/query?format=" + ("csv" if fmt == "csv" else "json")
+    body = orjson.dumps({"sql": sql, "params": params})
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST"), timeout=300) as r:
+            data = r.read()
+    except urllib.error.HTTPError as e:
+        detail = e.read()
+        try:
+            detail = orjson.loads(detail)["error"]
+        except (ValueError, KeyError, TypeError):
+            detail = detail.decode(errors="replace")
+        print(f"fleetlog query: {e.code}: {detail}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"fleetlog query: {url}: {e}", file=sys.stderr)
+        return 1
+    if fmt == "csv":
+        sys.stdout.write(data.decode())
+        return 0
+    doc = orjson.loads(data)
+    _print_rows(doc["columns"], doc["rows"], fmt)
+    return 0
+
+
+def _print_rows(columns: list[str], rows: list[list], fmt: str) -> None:
+    from ingest.handlers.http import dumps
+
+    if fmt == "json":
+        sys.stdout.write(dumps([dict(zip(columns, row)) for row in rows]).decode() + "\n")
+    elif fmt == "csv":
+        import csv
+
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    else:
+        cells = [[_cell(v) for v in row] for row in rows]
+        widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+        line = "  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()
+        sys.stdout.write(line + "\n" + "  ".join("-" * w for w in widths) + "\n")
+        for r in cells:
+            sys.stdout.write("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() + "\n")
+        sys.stdout.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
+
+
+def _cell(value) -> str:
+    text = "" if value is None else str(value)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def main(argv: list[str] | None = None) -> int:
     args = vars(_parser().parse_args(argv))
     command = args.pop("command")
@@ -135,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     if command == "policy":
         return policy_run(args)
+    if command == "query":
+        return query(args)
     return 2
 
 

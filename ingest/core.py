@@ -15,7 +15,8 @@ from ingest.actuator import build_actuator
 from ingest.config import Settings
 from ingest.fleetgauges import FleetCollector
 from ingest.observe import IngestMetrics, LiveStateCollector
-from ingest.policy import PolicyEngine, PolicyParams, hosts_sql, load_rules
+from ingest.policy import PolicyEngine, PolicyParams, load_rules
+from ingest.queryfiles import compose
 from ingest.streams import StreamIndex
 from ingest.tailcache import TailCache
 from ingest.writer import Writer
@@ -31,10 +32,12 @@ class Core:
     tail: TailCache
     writer: Writer
     policy: PolicyEngine
+    hosts_sql: str  # queries/hosts.sql with host_performance in front
 
     @classmethod
     def open(cls, settings: Settings, metrics: IngestMetrics) -> "Core":
         rules = load_rules(settings.queries_path)  # a broken rule stops start-up before the database opens
+        hosts_sql = compose(settings.queries_path / "hosts.sql", settings.queries_path)
         con = store.open_database(settings.db)
         index = StreamIndex()
         index.load(con.cursor())
@@ -77,12 +80,11 @@ class Core:
             )
         )
         metrics.registry.register(
-            FleetCollector(reader, index, lambda: (policy.rule("host_performance").sql, hosts_sql(settings.queries_path)),
-                           settings.min_rate, settings.query_timeout_s)
+            FleetCollector(reader, index, hosts_sql, settings.min_rate, settings.query_timeout_s)
         )
         writer.start()
         logger.info("database %s open, %d log streams indexed, %d policy rules", settings.db, index.stream_count(), len(rules))
-        return cls(con, reader, index, tail, writer, policy)
+        return cls(con, reader, index, tail, writer, policy, hosts_sql)
 
     async def close(self) -> None:
         await self.writer.stop()

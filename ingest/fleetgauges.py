@@ -8,7 +8,7 @@ by action and state. Each scrape runs a few small queries on a reader cursor wit
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from typing import Iterable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -29,7 +29,7 @@ UNDECLARED = """SELECT DISTINCT b.instance_id FROM bench_runs b WHERE b.done_at 
 
 
 class FleetCollector(Collector):
-    def __init__(self, reader, index: StreamIndex, hosts_sql: Callable[[], tuple[str, str]], min_rate: float,
+    def __init__(self, reader, index: StreamIndex, hosts_sql: str, min_rate: float,
                  timeout_s: float) -> None:
         self.reader = reader
         self.index = index
@@ -49,7 +49,7 @@ class FleetCollector(Collector):
             failed = cur.execute(FAILED_BY_CLASS).fetchall()
             decisions = cur.execute(DECISIONS).fetchall()
             undeclared = {row[0] for row in cur.execute(UNDECLARED).fetchall()}
-        hosts = reads.hosts(self.reader, self.timeout_s, *self.hosts_sql(), self.min_rate, utcnow())
+        hosts = reads.hosts(self.reader, self.timeout_s, self.hosts_sql, self.min_rate, utcnow())
 
         g = GaugeMetricFamily("fleetlog_fleet_instances", "Instances by lifecycle state", labels=["state"])
         for state, n in by_state:

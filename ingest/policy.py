@@ -91,11 +91,6 @@ def load_rules(queries_dir: str | Path) -> list[Rule]:
     return rules
 
 
-def hosts_sql(queries_dir: Path) -> str:
-    """queries/hosts.sql, the deploy gate over the host_performance rule."""
-    return (Path(queries_dir) / "hosts.sql").read_text().strip().rstrip(";")
-
-
 @dataclass(frozen=True)
 class PolicyParams:
     min_rate: float

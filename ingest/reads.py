@@ -164,12 +164,13 @@ def check_select(sql: str) -> None:
         raise QueryError(f"sql: only SELECT is allowed, got {statements[0].type.name}")
 
 
-def run_select(con, sql: str, timeout_s: float, max_rows: int) -> tuple[list[str], list[tuple], bool]:
+def run_select(con, sql: str, timeout_s: float, max_rows: int, params: dict[str, Any] | None = None
+               ) -> tuple[list[str], list[tuple], bool]:
     """Run a checked SELECT; returns (columns, rows, truncated)."""
     check_select(sql)
     with deadline_cursor(con, timeout_s) as cur:
         try:
-            cur.execute(sql)
+            cur.execute(sql, params or None)
         except duckdb.InterruptException:
             raise
         except duckdb.Error as e:
@@ -179,10 +180,9 @@ def run_select(con, sql: str, timeout_s: float, max_rows: int) -> tuple[list[str
     return columns, rows[:max_rows], len(rows) > max_rows
 
 
-def hosts(con, timeout_s: float, host_performance_sql: str, hosts_sql: str, min_rate: float, now,
-          machine_id: int | None = None) -> list[dict[str, Any]]:
-    """The deploy gate (queries/hosts.sql over the host_performance rule)."""
-    sql = f"WITH host_performance AS ({host_performance_sql}) SELECT * FROM ({hosts_sql})"
+def hosts(con, timeout_s: float, hosts_sql: str, min_rate: float, now, machine_id: int | None = None) -> list[dict[str, Any]]:
+    """The deploy gate: ``hosts_sql`` is queries/hosts.sql composed with what it needs."""
+    sql = f"SELECT * FROM ({hosts_sql})"
     params: dict[str, Any] = {"min_rate": min_rate, "now": now}
     if machine_id is not None:
         sql += " WHERE machine_id = $machine_id"

@@ -3,8 +3,8 @@
 --   Bad: the newest of (the operator's verdict, the rule's latest unexpired exclusion) decides; an
 --   operator's verdict wins over exclusions for failures that happened before it.
 -- params: $min_rate (proofs/hour), $now (timestamp)
--- needs: host_performance (queries/policies/20_host_performance.sql), given as a CTE by the server
---   and by `fleetlog query --file queries/hosts.sql`.
+-- needs: host_performance
+--   (queries/policies/20_host_performance.sql, put in front as a CTE by the server and `fleetlog query`)
 WITH machines AS (
     SELECT DISTINCT machine_id FROM instances WHERE machine_id IS NOT NULL
     UNION SELECT machine_id FROM host_verdicts

@@ -9,7 +9,7 @@ from ingest.errors import BadRequest, NotFound
 from ingest.handlers.http import json_response, read_body
 from ingest.handlers.read import _int_param, run_read
 from ingest.keys import CORE, SETTINGS
-from ingest.policy import hosts_sql, utcnow
+from ingest.policy import utcnow
 
 MAX_VERDICT_BODY_BYTES = 64 * 1024
 
@@ -23,9 +23,7 @@ def _machine_id(request: web.Request) -> int:
 
 
 async def _hosts(request: web.Request, machine_id: int | None) -> list[dict]:
-    settings = request.app[SETTINGS]
-    host_sql = request.app[CORE].policy.rule("host_performance").sql
-    return await run_read(request, "hosts", reads.hosts, host_sql, hosts_sql(settings.queries_path), settings.min_rate,
+    return await run_read(request, "hosts", reads.hosts, request.app[CORE].hosts_sql, request.app[SETTINGS].min_rate,
                           utcnow(), machine_id)
 
 

@@ -12,13 +12,14 @@ from ingest.errors import BadRequest
 from ingest.handlers.http import json_response, read_body
 from ingest.handlers.read import run_read
 from ingest.keys import SETTINGS
-from ingest import reads
+from ingest import queryfiles, reads
+from ingest.policy import utcnow
 
 MAX_QUERY_BODY_BYTES = 1024 * 1024
 
 
-def _run(con, timeout_s: float, sql: str, max_rows: int):
-    return reads.run_select(con, sql, timeout_s, max_rows)
+def _run(con, timeout_s: float, sql: str, max_rows: int, params: dict):
+    return reads.run_select(con, sql, timeout_s, max_rows, params)
 
 
 async def post_query(request: web.Request) -> web.Response:
@@ -29,7 +30,12 @@ async def post_query(request: web.Request) -> web.Response:
     sql = doc.get("sql") if isinstance(doc, dict) else None
     if not isinstance(sql, str) or not sql.strip():
         raise BadRequest("sql: expected a non-empty string")
-    columns, rows, truncated = await run_read(request, "sql", _run, sql, request.app[SETTINGS].query_max_rows)
+    given = doc.get("params") or {}
+    if not isinstance(given, dict) or not all(isinstance(v, (str, int, float, bool)) for v in given.values()):
+        raise BadRequest("params: expected an object of names to strings or numbers")
+    settings = request.app[SETTINGS]
+    params = queryfiles.bind(sql, given, {"now": utcnow(), "min_rate": settings.min_rate})
+    columns, rows, truncated = await run_read(request, "sql", _run, sql, settings.query_max_rows, params)
     headers = {"X-Fleetlog-Truncated": "1"} if truncated else None
     if fmt == "csv":
         out = io.StringIO()
