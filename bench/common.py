@@ -40,7 +40,7 @@ class Server:
         self.log = db.with_suffix(".log")
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ingest.cli", "serve", "--port", str(self.port), "--db", str(db), "--log-level", "WARNING", *extra],
+                [sys.executable, "-m", "ingest.cli", "serve", "--port", str(self.port), "--db", str(db), "--log-level", "WARNING", "--otlp-grpc-port", "0", *extra],
                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"),
             )
         self.started_s = self._wait_ready()

@@ -10,9 +10,11 @@ from prometheus_client import CollectorRegistry
 
 from ingest.config import Settings
 from ingest.core import Core
-from ingest.handlers import health, hosts, push, query, read
+from ingest import otlpgrpc
+from ingest.handlers import health, hosts, otlp, push, query, read
+from ingest.handlers import page
 from ingest.handlers.http import build_error_middleware
-from ingest.keys import CORE, DB, INDEX, METRICS, SETTINGS, TAIL, WRITER
+from ingest.keys import CORE, DB, INDEX, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, WRITER
 from ingest.observe import IngestMetrics
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,18 @@ async def _policy_timer(app: web.Application) -> None:
         await task
 
 
+async def _otlp_grpc(app: web.Application) -> None:
+    settings = app[SETTINGS]
+    server = None
+    if settings.otlp_grpc_port:
+        server, app[OTLP_GRPC_PORT] = await otlpgrpc.start(
+            settings.host, settings.otlp_grpc_port, app[WRITER], settings.max_body_bytes, settings.max_line_bytes
+        )
+    yield
+    if server is not None:
+        await server.stop(grace=5)  # in-flight exports finish (their commits) before the writer stops
+
+
 def create_app(settings: Settings) -> web.Application:
     registry = CollectorRegistry(auto_describe=True)
     ingest_metrics = IngestMetrics(registry)
@@ -49,10 +63,13 @@ def create_app(settings: Settings) -> web.Application:
     app[METRICS] = ingest_metrics
     app.cleanup_ctx.append(_core)
     app.cleanup_ctx.append(_policy_timer)
+    app.cleanup_ctx.append(_otlp_grpc)
     app.router.add_post("/api/v1/logs", push.post_logs)
     app.router.add_post("/api/v1/events", push.post_events)
     app.router.add_post("/api/v1/metrics", push.post_metrics)
     app.router.add_post("/api/log-push", push.post_log_push)
+    app.router.add_post("/v1/logs", otlp.post_logs)
+    app.router.add_post("/v1/metrics", otlp.post_metrics)
     app.router.add_get("/api/v1/instances", read.get_instances)
     app.router.add_get("/api/v1/instances/{instance_id}", read.get_instance)
     app.router.add_get("/api/v1/instances/{instance_id}/logs", read.get_logs)
@@ -66,4 +83,5 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", health.healthz)
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)
+    page.setup(app)
     return app

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
-    return Settings(db=str(tmp_path / "fleetlog.duckdb"), port=0)
+    return Settings(db=str(tmp_path / "fleetlog.duckdb"), port=0, otlp_grpc_port=0)
 
 
 @pytest.fixture
@@ -74,7 +74,8 @@ class ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with self.log.open("ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ingest.cli", "serve", "--port", str(self.port), "--db", str(self.db), *self.extra],
+                [sys.executable, "-m", "ingest.cli", "serve", "--port", str(self.port), "--db", str(self.db),
+                 "--otlp-grpc-port", "0", *self.extra],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

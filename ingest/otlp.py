@@ -1,0 +1,193 @@
+"""OTLP requests (logs and metrics, parsed by opentelemetry-proto) → the writer's rows.
+
+Mapping: the resource attribute ``service.instance.id`` is the instance; the log attribute
+``log.source`` (else the resource's ``service.name``) the source; an integer attribute ``log.seq``
+the seq (else the server numbers the lines); ``log.run_id`` the run (default "0"). A record that
+cannot be mapped is rejected alone and counted in ``partial_success``; the rest is written.
+Metrics: gauge and sum points become samples of their name; histogram points become
+``<name>_count`` and ``<name>_sum``; a point's attributes become the sample's labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsPartialSuccess,
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsPartialSuccess,
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+
+from ingest.codec import MAX_ID_CHARS, MAX_SEQ, LogChunk, MetricRows, truncate_line
+from ingest.errors import BadRequest
+
+INSTANCE_ATTR = "service.instance.id"
+SOURCE_ATTR = "log.source"
+SEQ_ATTR = "log.seq"
+RUN_ATTR = "log.run_id"
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+
+@dataclass
+class Converted:
+    logs: list[LogChunk] = field(default_factory=list)
+    metrics: MetricRows = field(default_factory=MetricRows)
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def reject(self, why: str) -> None:
+        self.rejected += 1
+        if why not in self.errors and len(self.errors) < 5:
+            self.errors.append(why)
+
+
+def _value(any_value) -> Any:
+    kind = any_value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind in ("array_value", "kvlist_value", "bytes_value"):
+        return json_format.MessageToDict(any_value)
+    return getattr(any_value, kind)
+
+
+def attributes(kvs) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in kvs}
+
+
+def parse(body: bytes, content_type: str, message_type):
+    """A request of ``message_type`` from protobuf or OTLP/JSON bytes."""
+    message = message_type()
+    try:
+        if content_type == JSON:
+            json_format.Parse(body, message, ignore_unknown_fields=True)
+        else:
+            message.ParseFromString(body)
+    except (DecodeError, json_format.ParseError, ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"body: not an OTLP {message_type.__name__} ({content_type}): {e}"[:300]) from e
+    return message
+
+
+def _instance(resource_attrs: dict[str, Any]) -> str | None:
+    value = resource_attrs.get(INSTANCE_ATTR)
+    if isinstance(value, str) and value.strip() and len(value) <= MAX_ID_CHARS:
+        return value
+    return None
+
+
+def convert_logs(request: ExportLogsServiceRequest, max_line_bytes: int, received_us: int) -> Converted:
+    out = Converted()
+    streams: dict[tuple[str, str, str, bool], LogChunk] = {}
+    seen: dict[tuple[str, str, str, bool], set[int]] = {}
+    for resource_logs in request.resource_logs:
+        resource = attributes(resource_logs.resource.attributes)
+        instance_id = _instance(resource)
+        for scope_logs in resource_logs.scope_logs:
+            for record in scope_logs.log_records:
+                if instance_id is None:
+                    out.reject(f"resource attribute {INSTANCE_ATTR} missing or empty")
+                    continue
+                attrs = attributes(record.attributes)
+                source = attrs.get(SOURCE_ATTR) or resource.get("service.name")
+                if not isinstance(source, str) or not source.strip() or len(source) > MAX_ID_CHARS:
+                    out.reject(f"no source: set the log attribute {SOURCE_ATTR} or the resource's service.name")
+                    continue
+                run_id = str(attrs.get(RUN_ATTR) or "0")
+                seq = attrs.get(SEQ_ATTR)
+                if seq is not None and (type(seq) is not int or not 0 <= seq <= MAX_SEQ):
+                    out.reject(f"{SEQ_ATTR}: expected an integer >= 0, got {seq!r}"[:120])
+                    continue
+                key = (instance_id, source, run_id, seq is not None)
+                chunk = streams.get(key)
+                if chunk is None:
+                    chunk = streams[key] = LogChunk(instance_id, source, run_id, [] if seq is not None else None, [], [], [])
+                if seq is not None:
+                    numbered = seen.setdefault(key, set())
+                    if seq in numbered:
+                        out.reject(f"{SEQ_ATTR} {seq} appears twice in this request")
+                        continue
+                    numbered.add(seq)
+                    chunk.seqs.append(seq)
+                body = _value(record.body)
+                text = body if isinstance(body, str) else ("" if body is None else str(body))
+                text, cut = truncate_line(text, max_line_bytes)
+                ts_ns = record.time_unix_nano or record.observed_time_unix_nano
+                chunk.ts_us.append(ts_ns // 1000 if ts_ns else received_us)
+                chunk.lines.append(text)
+                chunk.truncated.append(cut)
+    out.logs = list(streams.values())
+    return out
+
+
+def convert_metrics(request: ExportMetricsServiceRequest, received_us: int) -> Converted:
+    out = Converted()
+    rows = out.metrics
+
+    def add(instance_id: str, name: str, point, value: float) -> None:
+        rows.instance_id.append(instance_id)
+        rows.name.append(name)
+        rows.ts_us.append(point.time_unix_nano // 1000 if point.time_unix_nano else received_us)
+        rows.value.append(float(value))
+        rows.labels.append(orjson.dumps({k: str(v) for k, v in attributes(point.attributes).items()}).decode())
+
+    for resource_metrics in request.resource_metrics:
+        instance_id = _instance(attributes(resource_metrics.resource.attributes))
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                kind = metric.WhichOneof("data")
+                points = getattr(metric, kind).data_points if kind else []
+                if instance_id is None:
+                    for _ in points:
+                        out.reject(f"resource attribute {INSTANCE_ATTR} missing or empty")
+                    continue
+                if not metric.name or len(metric.name) > MAX_ID_CHARS:
+                    for _ in points:
+                        out.reject("metric name missing or too long")
+                    continue
+                for point in points:
+                    if kind in ("gauge", "sum"):
+                        which = point.WhichOneof("value")
+                        if which is None:
+                            out.reject(f"{metric.name}: data point without a value")
+                            continue
+                        add(instance_id, metric.name, point, getattr(point, which))
+                    elif kind in ("histogram", "exponential_histogram"):
+                        add(instance_id, metric.name + "_count", point, point.count)
+                        if point.HasField("sum"):
+                            add(instance_id, metric.name + "_sum", point, point.sum)
+                    else:
+                        out.reject(f"{metric.name}: {kind} points are not stored")
+    return out
+
+
+def logs_response(converted: Converted, content_type: str) -> bytes:
+    response = ExportLogsServiceResponse()
+    if converted.rejected:
+        response.partial_success.CopyFrom(
+            ExportLogsPartialSuccess(rejected_log_records=converted.rejected, error_message="; ".join(converted.errors))
+        )
+    return serialize(response, content_type)
+
+
+def metrics_response(converted: Converted, content_type: str) -> bytes:
+    response = ExportMetricsServiceResponse()
+    if converted.rejected:
+        response.partial_success.CopyFrom(
+            ExportMetricsPartialSuccess(rejected_data_points=converted.rejected, error_message="; ".join(converted.errors))
+        )
+    return serialize(response, content_type)
+
+
+def serialize(message, content_type: str) -> bytes:
+    if content_type == JSON:
+        return json_format.MessageToJson(message).encode()
+    return message.SerializeToString()
