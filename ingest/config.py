@@ -43,6 +43,7 @@ class Settings:
     query_max_rows: int = _setting(10_000, "the SQL API returns at most this many rows", minimum=1)
     tail_cache_lines: int = _setting(1000, "most recent lines kept in memory per (instance, source) for fast tails", minimum=0)
     tail_cache_max_streams: int = _setting(2000, "streams kept in the tail cache (least recently used leave first)", minimum=0)
+    gpu_gauge_window_s: float = _setting(120.0, "GPU samples older than this drop out of /metrics", minimum=1)
     otlp_grpc_port: int = _setting(4317, "port of the OTLP/gRPC receiver (0 disables it)", minimum=0)
     log_level: str = _setting("INFO", "logging level of the server (DEBUG, INFO, WARNING, ERROR)")
     queries_dir: str = _setting("", "directory of the SQL files, policies/ holding the rules (empty: the project's queries/)")

@@ -13,7 +13,7 @@ import duckdb
 from ingest import store
 from ingest.actuator import build_actuator
 from ingest.config import Settings
-from ingest.fleetgauges import FleetCollector
+from ingest.fleetgauges import FleetCollector, GpuCollector
 from ingest.observe import IngestMetrics, LiveStateCollector
 from ingest.policy import PolicyEngine, PolicyParams, load_rules
 from ingest.queryfiles import compose
@@ -82,6 +82,7 @@ class Core:
         metrics.registry.register(
             FleetCollector(reader, index, hosts_sql, settings.min_rate, settings.query_timeout_s)
         )
+        metrics.registry.register(GpuCollector(reader, settings.gpu_gauge_window_s, settings.query_timeout_s))
         writer.start()
         logger.info("database %s open, %d log streams indexed, %d policy rules", settings.db, index.stream_count(), len(rules))
         return cls(con, reader, index, tail, writer, policy, hosts_sql)

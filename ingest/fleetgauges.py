@@ -8,7 +8,10 @@ by action and state. Each scrape runs a few small queries on a reader cursor wit
 from __future__ import annotations
 
 import logging
+import re
 from typing import Iterable
+
+import orjson
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -86,3 +89,45 @@ class FleetCollector(Collector):
         for action, state, n in decisions:
             g.add_metric([action, state], n)
         yield g
+
+
+GPU_LATEST = r"""
+SELECT m.instance_id, i.machine_id, m.name, m.labels, arg_max(m.value, m.ts) AS value
+FROM metrics m
+LEFT JOIN instances i USING (instance_id)
+LEFT JOIN instance_state s USING (instance_id)
+WHERE m.received_at >= now()::TIMESTAMP - to_seconds(?::DOUBLE)
+  AND m.name LIKE 'DCGM\_FI\_%' ESCAPE '\'
+  AND coalesce(s.state, '') <> 'killed'
+GROUP BY ALL
+"""
+_LABEL_OK = re.compile(r"[^a-zA-Z0-9_]")
+
+
+class GpuCollector(Collector):
+    """The latest value of every GPU metric (DCGM-exporter names) per instance and GPU, from the
+    samples received in the last ``window_s``; a killed or silent instance drops out."""
+
+    def __init__(self, reader, window_s: float, timeout_s: float) -> None:
+        self.reader = reader
+        self.window_s = window_s
+        self.timeout_s = timeout_s
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            with reads.deadline_cursor(self.reader, self.timeout_s) as cur:
+                rows = cur.execute(GPU_LATEST, [self.window_s]).fetchall()
+        except Exception:
+            logger.exception("GPU gauges unavailable for this scrape")
+            return
+        by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for instance_id, machine_id, name, labels, value in rows:
+            points = {_LABEL_OK.sub("_", k): str(v) for k, v in orjson.loads(labels).items()}
+            points.update(instance_id=instance_id, machine_id="" if machine_id is None else str(machine_id))
+            by_name.setdefault(name, []).append((points, value))
+        for name, points in sorted(by_name.items()):
+            label_names = sorted({k for labels, _ in points for k in labels})
+            family = GaugeMetricFamily(name, f"{name} (latest sample from the fleet's agents)", labels=label_names)
+            for labels, value in points:
+                family.add_metric([labels.get(k, "") for k in label_names], value)
+            yield family

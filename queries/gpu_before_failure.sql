@@ -10,6 +10,6 @@ SELECT f.instance_id, f.done_at, f.exit_code, f.failure_class, m.name, m.labels-
        arg_max(m.value, m.ts) AS last, count(*) AS samples
 FROM failed f JOIN metrics m ON m.instance_id = f.instance_id
      AND m.ts BETWEEN f.done_at - INTERVAL 60 SECOND AND f.done_at
-WHERE m.name LIKE 'gpu_%'
+WHERE m.name LIKE 'DCGM\_FI\_%' ESCAPE '\'
 GROUP BY ALL
 ORDER BY f.done_at DESC, f.instance_id, m.name, gpu

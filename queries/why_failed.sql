@@ -1,6 +1,6 @@
 -- why_failed: why did this instance fail? Its benchmark runs (exit code, rate, failure class and the
 --   line that decided it, the agent's excerpt) with the GPU's state in the last minute before each
---   run ended (mean and max of every GPU metric the agent sent), and its logs' completeness.
+--   run ended (mean and max of every GPU metric the agent sent, DCGM-exporter names), and its logs' completeness.
 -- params: $instance_id
 WITH runs AS (
     SELECT b.*, i.machine_id, i.gpu_model FROM bench_runs b JOIN instances i USING (instance_id)
@@ -10,7 +10,7 @@ gpu AS (
     SELECT r.done_at, m.name, round(avg(m.value), 2) AS mean, round(max(m.value), 2) AS max, count(*) AS samples
     FROM runs r JOIN metrics m ON m.instance_id = r.instance_id
          AND m.ts BETWEEN r.done_at - INTERVAL 60 SECOND AND r.done_at
-    WHERE m.name LIKE 'gpu_%'
+    WHERE m.name LIKE 'DCGM\_FI\_%' ESCAPE '\'
     GROUP BY ALL
 )
 SELECT r.instance_id, r.machine_id, r.gpu_model, r.started_at, r.done_at, r.exit_code, r.rate_per_hour,

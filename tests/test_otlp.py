@@ -146,3 +146,24 @@ def test_malformed_otlp_is_400_and_writes_nothing(otlp_server, body, content_typ
     assert got == status and orjson.loads(reply)["ok"] is False
     otlp_server.stop()
     assert read_db(str(otlp_server.db), "SELECT count(*) FROM logs") == [(0,)]
+
+
+async def test_latest_gpu_values_on_metrics_drop_out_when_killed(client):
+    import datetime as dt
+
+    now = dt.datetime.now(dt.timezone.utc)
+    labels = {"gpu": "0", "UUID": "GPU-5f2c", "modelName": "NVIDIA RTX PRO 4000", "pci_bus_id": "00000000:01:00.0"}
+    samples = [{"name": "DCGM_FI_DEV_GPU_UTIL", "ts": (now - dt.timedelta(seconds=10 - i)).isoformat(), "value": v, "labels": labels}
+               for i, v in enumerate([90, 97])]
+    for instance in ("C.1", "C.2"):
+        r = await client.post("/api/v1/metrics", data=orjson.dumps({"instance_id": instance, "samples": samples}))
+        assert r.status == 200
+    await client.post("/api/v1/events", data=orjson.dumps({"instance_id": "C.1", "kind": "registered", "machine_id": 55891,
+                                                           "ts": (now - dt.timedelta(minutes=1)).isoformat()}))
+    text = await (await client.get("/metrics")).text()
+    assert ('DCGM_FI_DEV_GPU_UTIL{UUID="GPU-5f2c",gpu="0",instance_id="C.1",machine_id="55891",'
+            'modelName="NVIDIA RTX PRO 4000",pci_bus_id="00000000:01:00.0"} 97.0') in text
+    assert 'instance_id="C.2"' in text
+    await client.post("/api/v1/events", data=orjson.dumps({"instance_id": "C.2", "kind": "killed", "ts": now.isoformat()}))
+    text = await (await client.get("/metrics")).text()
+    assert 'instance_id="C.1"' in text and 'instance_id="C.2"' not in text

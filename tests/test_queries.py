@@ -29,9 +29,9 @@ async def load_demo(client) -> None:
     for i in range(12):  # the GPU in the last minute: busy, hot, memory nearly full
         ts = iso(done - dt.timedelta(seconds=60 - 5 * i))
         samples += [
-            {"name": "gpu_utilization_percent", "ts": ts, "value": 98 - i, "labels": {"gpu": "0"}},
-            {"name": "gpu_memory_used_bytes", "ts": ts, "value": 23.5e9 + i * 1e7, "labels": {"gpu": "0"}},
-            {"name": "gpu_temperature_celsius", "ts": ts, "value": 81, "labels": {"gpu": "0"}},
+            {"name": "DCGM_FI_DEV_GPU_UTIL", "ts": ts, "value": 98 - i, "labels": {"gpu": "0"}},
+            {"name": "DCGM_FI_DEV_FB_USED", "ts": ts, "value": 23_900 + i, "labels": {"gpu": "0"}},
+            {"name": "DCGM_FI_DEV_GPU_TEMP", "ts": ts, "value": 81, "labels": {"gpu": "0"}},
         ]
     await post(client, "/api/v1/metrics", {"instance_id": "C.32733029", "samples": samples})
     await bench_instance(client, "C.40", 777, done=done - dt.timedelta(hours=1), exit_code=0, rate=40.0, dph=0.8)
@@ -73,7 +73,7 @@ async def test_why_failed_shows_class_excerpt_and_gpu_state(demo_client):
     assert row["failure_class"] == "oom" and row["exit_code"] == 1
     assert "out of memory" in row["failure_excerpt"]
     gpu = orjson.loads(row["gpu_last_minute"])
-    assert gpu["gpu_utilization_percent"]["samples"] == 12 and gpu["gpu_temperature_celsius"]["max"] == 81
+    assert gpu["DCGM_FI_DEV_GPU_UTIL"]["samples"] == 12 and gpu["DCGM_FI_DEV_GPU_TEMP"]["max"] == 81
 
 
 async def test_query_api_refuses_unused_and_missing_params(demo_client):
