@@ -8,13 +8,14 @@ import logging
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from ingest.auth import InstanceRateLimiter, TokenBook, build_auth_middleware
 from ingest.config import Settings
 from ingest.core import Core
 from ingest import otlpgrpc
 from ingest.handlers import health, hosts, otlp, push, query, read
 from ingest.handlers import page
 from ingest.handlers.http import build_error_middleware
-from ingest.keys import CORE, DB, INDEX, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, WRITER
+from ingest.keys import CORE, DB, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
 from ingest.observe import IngestMetrics
 
 logger = logging.getLogger(__name__)
@@ -22,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 async def _core(app: web.Application) -> None:
     core = Core.open(app[SETTINGS], app[METRICS])
+    app[TOKENS].load(core.reader.cursor())
     app[CORE] = core
     app[DB], app[INDEX], app[TAIL], app[WRITER] = core.reader, core.index, core.tail, core.writer
     yield
@@ -45,7 +47,8 @@ async def _otlp_grpc(app: web.Application) -> None:
     server = None
     if settings.otlp_grpc_port:
         server, app[OTLP_GRPC_PORT] = await otlpgrpc.start(
-            settings.host, settings.otlp_grpc_port, app[WRITER], settings.max_body_bytes, settings.max_line_bytes
+            settings.host, settings.otlp_grpc_port, app[WRITER], app[TOKENS], app[LIMITER],
+            settings.max_body_bytes, settings.max_line_bytes,
         )
     yield
     if server is not None:
@@ -55,11 +58,17 @@ async def _otlp_grpc(app: web.Application) -> None:
 def create_app(settings: Settings) -> web.Application:
     registry = CollectorRegistry(auto_describe=True)
     ingest_metrics = IngestMetrics(registry)
+    tokens = TokenBook(settings.enroll_token, settings.read_token, settings.admin_token)
     app = web.Application(
-        middlewares=[build_error_middleware(lambda reason: ingest_metrics.rejected.labels(reason=reason).inc())],
+        middlewares=[
+            build_error_middleware(lambda reason: ingest_metrics.rejected.labels(reason=reason).inc()),
+            build_auth_middleware(tokens),
+        ],
         client_max_size=settings.max_body_bytes,
     )
     app[SETTINGS] = settings
+    app[TOKENS] = tokens
+    app[LIMITER] = InstanceRateLimiter(settings.instance_max_rows_per_s)
     app[METRICS] = ingest_metrics
     app.cleanup_ctx.append(_core)
     app.cleanup_ctx.append(_policy_timer)

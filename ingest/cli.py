@@ -78,6 +78,9 @@ def serve(args: dict) -> int:
     _logging(settings)
     try:
         app = create_app(settings)
+        if not settings.tokens_enabled:
+            logger.warning("no token configured: the API is open to anyone who can reach %s (loopback only unless "
+                           "allow_open_bind)", settings.host)
         logger.info("fleetlog serving on http://%s:%d (database %s)", settings.host, settings.port, settings.db)
         web.run_app(app, host=settings.host, port=settings.port, access_log=None, print=None, shutdown_timeout=10)
     except (StoreError, ConfigError) as e:

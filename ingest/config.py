@@ -45,6 +45,13 @@ class Settings:
     tail_cache_max_streams: int = _setting(2000, "streams kept in the tail cache (least recently used leave first)", minimum=0)
     gpu_gauge_window_s: float = _setting(120.0, "GPU samples older than this drop out of /metrics", minimum=1)
     otlp_grpc_port: int = _setting(4317, "port of the OTLP/gRPC receiver (0 disables it)", minimum=0)
+    enroll_token: str = _setting("", "fleet enrollment token: lets an agent register (empty: tokens off)")
+    read_token: str = _setting("", "token for the read and SQL APIs, the page's data and /metrics")
+    admin_token: str = _setting("", "token for operator verdicts and executing decisions (and everything else)")
+    allow_open_bind: bool = _setting(False, "allow binding a non-loopback address with no token configured")
+    instance_max_rows_per_s: float = _setting(
+        50_000.0, "rows per second one instance may push (twice that in a burst) before 429 (0: no limit)", minimum=0
+    )
     log_level: str = _setting("INFO", "logging level of the server (DEBUG, INFO, WARNING, ERROR)")
     queries_dir: str = _setting("", "directory of the SQL files, policies/ holding the rules (empty: the project's queries/)")
     min_rate: float = _setting(29.0, "benchmark rate in proofs/hour below which an instance is destroyed", minimum=0)
@@ -63,6 +70,14 @@ class Settings:
     actuator_retries: int = _setting(3, "attempts of an actuator call before its decision is marked failed", minimum=1)
 
     @property
+    def tokens_enabled(self) -> bool:
+        return bool(self.enroll_token or self.read_token or self.admin_token)
+
+    @property
+    def loopback(self) -> bool:
+        return self.host in ("localhost", "::1") or self.host.startswith("127.")
+
+    @property
     def queries_path(self) -> Path:
         return Path(self.queries_dir) if self.queries_dir else DEFAULT_QUERIES_DIR
 
@@ -72,6 +87,11 @@ class Settings:
             value = getattr(self, f.name)
             if minimum is not None and value < minimum:
                 raise ConfigError(f"{f.name}: must be >= {minimum}, got {value!r}")
+        if not self.tokens_enabled and not self.loopback and not self.allow_open_bind:
+            raise ConfigError(
+                f"host: {self.host} is not loopback and no token is configured; set enroll_token, read_token and "
+                "admin_token (FLEETLOG_*_TOKEN), or allow_open_bind to expose an open server"
+            )
         if self.actuator_webhook_url and self.actuator_command:
             raise ConfigError("actuator_webhook_url, actuator_command: set one actuator, not both")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import duckdb
 from aiohttp import web
 
+from ingest.auth import InstanceRateLimiter, TokenBook
 from ingest.config import Settings
 from ingest.core import Core
 from ingest.observe import IngestMetrics
@@ -19,4 +20,6 @@ WRITER = web.AppKey("writer", Writer)
 INDEX = web.AppKey("index", StreamIndex)
 TAIL = web.AppKey("tail", TailCache)
 METRICS = web.AppKey("metrics", IngestMetrics)
+TOKENS = web.AppKey("tokens", TokenBook)
+LIMITER = web.AppKey("limiter", InstanceRateLimiter)
 OTLP_GRPC_PORT = web.AppKey("otlp_grpc_port", int)  # the bound port (the setting may say 0: any)

@@ -45,6 +45,14 @@ class Converted:
     rejected: int = 0
     errors: list[str] = field(default_factory=list)
 
+    def rows_by_instance(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for chunk in self.logs:
+            out[chunk.instance_id] = out.get(chunk.instance_id, 0) + len(chunk.lines)
+        for instance_id in self.metrics.instance_id:
+            out[instance_id] = out.get(instance_id, 0) + 1
+        return out
+
     def reject(self, why: str) -> None:
         self.rejected += 1
         if why not in self.errors and len(self.errors) < 5:

@@ -18,7 +18,9 @@ def test_defaults_match_the_design(tmp_path):
 
 
 def test_flag_beats_env_beats_toml(tmp_path):
-    (tmp_path / "fleetlog.toml").write_text('[serve]\nport = 9000\nhost = "0.0.0.0"\nbatch-max-delay-s = 0.01\n')
+    (tmp_path / "fleetlog.toml").write_text(
+        '[serve]\nport = 9000\nhost = "0.0.0.0"\nbatch-max-delay-s = 0.01\nallow-open-bind = true\n'
+    )
     env = {"FLEETLOG_PORT": "9100", "FLEETLOG_QUERY_MAX_ROWS": "50"}
     s = config.load({"port": "9200"}, environ=env, cwd=tmp_path)
     assert (s.port, s.host, s.batch_max_delay_s, s.query_max_rows) == (9200, "0.0.0.0", 0.01, 50)
@@ -62,3 +64,11 @@ def test_settings_are_frozen():
     s = config.Settings()
     with pytest.raises(AttributeError):
         s.port = 1  # type: ignore[misc]
+
+
+def test_non_loopback_bind_without_tokens_is_refused_unless_allowed(tmp_path):
+    with pytest.raises(ConfigError, match="host: 0.0.0.0 is not loopback"):
+        config.load({"host": "0.0.0.0"}, environ={}, cwd=tmp_path)
+    assert config.load({"host": "0.0.0.0", "allow_open_bind": "true"}, environ={}, cwd=tmp_path).host == "0.0.0.0"
+    with_tokens = {"FLEETLOG_ENROLL_TOKEN": "e", "FLEETLOG_READ_TOKEN": "r", "FLEETLOG_ADMIN_TOKEN": "a"}
+    assert config.load({"host": "0.0.0.0"}, environ=with_tokens, cwd=tmp_path).tokens_enabled

@@ -167,3 +167,23 @@ async def test_latest_gpu_values_on_metrics_drop_out_when_killed(client):
     await client.post("/api/v1/events", data=orjson.dumps({"instance_id": "C.2", "kind": "killed", "ts": now.isoformat()}))
     text = await (await client.get("/metrics")).text()
     assert 'instance_id="C.1"' in text and 'instance_id="C.2"' not in text
+
+
+def test_grpc_export_needs_the_instance_token(server_process):
+    import datetime as dt
+
+    grpc_port = free_port()
+    server = server_process("--policy-interval", "0", "--otlp-grpc-port", str(grpc_port),
+                            "--enroll-token", "enroll-1", "--read-token", "read-1", "--admin-token", "admin-1").start()
+    event = {"instance_id": "C.tok", "kind": "registered", "ts": dt.datetime.now(dt.timezone.utc).isoformat()}
+    req = urllib.request.Request(server.url + "/api/v1/events", data=orjson.dumps(event), method="POST",
+                                 headers={"Authorization": "Bearer enroll-1"})
+    with urllib.request.urlopen(req) as r:
+        token = orjson.loads(r.read())["tokens"]["C.tok"]
+    endpoint = f"127.0.0.1:{grpc_port}"
+    send_logs(GrpcLogExporter(endpoint=endpoint, insecure=True), "C.tok", ["refused: no token"], numbered=True)
+    send_logs(GrpcLogExporter(endpoint=endpoint, insecure=True, headers={"authorization": "Bearer read-1"}), "C.tok",
+              ["refused: a read token"], numbered=True)
+    send_logs(GrpcLogExporter(endpoint=endpoint, insecure=True, headers={"authorization": f"Bearer {token}"}), "C.tok",
+              DAEMON, numbered=True)
+    assert stored_logs(server, "C.tok") == [("benchdaemon", "0", i, line) for i, line in enumerate(DAEMON)]

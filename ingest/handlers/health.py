@@ -7,14 +7,17 @@ import asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ingest.auth import PUBLIC, requires
 from ingest.handlers.http import json_response
 from ingest.keys import METRICS, WRITER
 
 
+@requires(PUBLIC)
 async def healthz(request: web.Request) -> web.Response:
     return json_response({"ok": True})
 
 
+@requires(PUBLIC)
 async def readyz(request: web.Request) -> web.Response:
     writer = request.app[WRITER]
     if not writer.running:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ingest import codec, reads
+from ingest.auth import ADMIN, requires
 from ingest.errors import BadRequest, NotFound
 from ingest.handlers.http import json_response, read_body
 from ingest.handlers.read import _int_param, run_read
@@ -63,10 +64,12 @@ async def _verdict(request: web.Request, verdict: str) -> web.Response:
     return json_response(rows[0])
 
 
+@requires(ADMIN)
 async def post_exclude(request: web.Request) -> web.Response:
     return await _verdict(request, "exclude")
 
 
+@requires(ADMIN)
 async def post_include(request: web.Request) -> web.Response:
     return await _verdict(request, "include")
 
@@ -81,6 +84,7 @@ async def get_decisions(request: web.Request) -> web.Response:
     return json_response({"decisions": rows})
 
 
+@requires(ADMIN)
 async def post_policy_run(request: web.Request) -> web.Response:
     """Run the rules once now; ``?execute=1`` carries out what they decide (else the server's setting)."""
     raw = request.query.get("execute")

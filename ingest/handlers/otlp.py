@@ -7,7 +7,9 @@ from aiohttp import web
 from ingest import otlp
 from ingest.codec import now_us
 from ingest.errors import BadRequest
+from ingest.auth import PUSH, requires
 from ingest.handlers.http import read_body
+from ingest.handlers.push import admit
 from ingest.keys import SETTINGS, WRITER
 
 
@@ -17,21 +19,25 @@ def _content_type(request: web.Request) -> str:
     raise BadRequest(f"Content-Type: expected {otlp.PROTOBUF} or {otlp.JSON}, got {request.content_type!r}")
 
 
+@requires(PUSH)
 async def post_logs(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     content_type = _content_type(request)
     message = otlp.parse(await read_body(request, settings.max_body_bytes), content_type, otlp.ExportLogsServiceRequest)
     converted = otlp.convert_logs(message, settings.max_line_bytes, now_us())
+    admit(request, converted.rows_by_instance())
     if converted.logs:
         await request.app[WRITER].submit(logs=converted.logs, kind="otlp_logs")
     return web.Response(body=otlp.logs_response(converted, content_type), content_type=content_type)
 
 
+@requires(PUSH)
 async def post_metrics(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     content_type = _content_type(request)
     message = otlp.parse(await read_body(request, settings.max_body_bytes), content_type, otlp.ExportMetricsServiceRequest)
     converted = otlp.convert_metrics(message, now_us())
+    admit(request, converted.rows_by_instance())
     if len(converted.metrics):
         await request.app[WRITER].submit(metrics=converted.metrics, kind="otlp_metrics")
     return web.Response(body=otlp.metrics_response(converted, content_type), content_type=content_type)
