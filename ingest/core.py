@@ -74,8 +74,8 @@ class Core:
                     "fleetlog_ingest_queue_requests": ("Requests waiting for their commit", lambda: writer.pending_requests),
                     "fleetlog_ingest_streams": ("Log streams (instance, source, run_id) stored", index.stream_count),
                     "fleetlog_tailcache_streams": ("Streams held in the tail cache", tail.stream_count),
-                    "fleetlog_tailcache_hits": ("Tail reads answered from memory", lambda: tail.hits),
-                    "fleetlog_tailcache_misses": ("Tail reads that went to the database", lambda: tail.misses),
+                    "fleetlog_tailcache_hits_total": ("Tail reads answered from memory", lambda: tail.hits),
+                    "fleetlog_tailcache_misses_total": ("Tail reads that went to the database", lambda: tail.misses),
                 }
             )
         )

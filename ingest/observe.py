@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 
@@ -68,11 +68,15 @@ class IngestMetrics:
 
 
 class LiveStateCollector(Collector):
-    """Gauges read from live objects at scrape time."""
+    """Gauges and counters read from live objects at scrape time (a name ending in ``_total`` is
+    a counter)."""
 
-    def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]]) -> None:
-        self._gauges = gauges
+    def __init__(self, values: dict[str, tuple[str, Callable[[], float]]]) -> None:
+        self._values = values
 
     def collect(self) -> Iterable[Metric]:
-        for name, (help_text, read) in self._gauges.items():
-            yield GaugeMetricFamily(name, help_text, value=read())
+        for name, (help_text, read) in self._values.items():
+            if name.endswith("_total"):
+                yield CounterMetricFamily(name.removesuffix("_total"), help_text, value=read())
+            else:
+                yield GaugeMetricFamily(name, help_text, value=read())

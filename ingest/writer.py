@@ -132,7 +132,6 @@ class Writer:
         if not self.running:
             raise Overloaded("the writer is not running", retry_after_s=self._retry_after_s)
         if self.pending_rows and self.pending_rows + rows > self._queue_max_rows:
-            self._metrics.rejected.labels(reason="overloaded").inc()
             raise Overloaded(
                 f"writer queue full ({self.pending_rows} rows pending); retry later",
                 retry_after_s=self._retry_after_s,

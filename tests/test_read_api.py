@@ -123,7 +123,7 @@ async def test_tail_after_restart_loads_from_database_then_serves_from_memory(ai
     body = await get_json(second, "/api/v1/instances/C.32733029/logs?source=benchdaemon&tail=4")
     assert [l["seq"] for l in body["lines"]] == [119, 120, 121, 122]
     metrics = await (await second.get("/metrics")).text()
-    assert "fleetlog_tailcache_hits 1.0" in metrics and "fleetlog_tailcache_misses 1.0" in metrics
+    assert "fleetlog_tailcache_hits_total 1.0" in metrics and "fleetlog_tailcache_misses_total 1.0" in metrics
 
 
 async def test_resend_after_restart_is_still_deduplicated(aiohttp_client, settings):

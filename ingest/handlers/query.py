@@ -41,6 +41,6 @@ async def post_query(request: web.Request) -> web.Response:
         out = io.StringIO()
         writer = csv.writer(out)
         writer.writerow(columns)
-        writer.writerows(rows)
+        writer.writerows([["true" if v is True else "false" if v is False else v for v in row] for row in rows])
         return web.Response(text=out.getvalue(), content_type="text/csv", headers=headers)
     return json_response({"columns": columns, "rows": rows, "truncated": truncated}, headers=headers)
