@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ingest.auth import PUBLIC, requires
 from ingest.errors import NotFound
 from ingest.keys import SETTINGS
 
@@ -68,9 +69,12 @@ def setup(app: web.Application, directory: Path = STATIC_DIR) -> None:
     min_rate = html.escape(repr(float(app[SETTINGS].min_rate)), quote=True)
     page = StaticFile((directory / "index.html").read_text().replace("{{min_rate}}", min_rate).encode(), CONTENT_TYPES[".html"])
 
+    # The page holds no data: it reads everything through the API, with the token the user gives it.
+    @requires(PUBLIC)
     async def index(request: web.Request) -> web.Response:
         return page.response(request)
 
+    @requires(PUBLIC)
     async def static(request: web.Request) -> web.Response:
         name = request.match_info["name"]
         found = files.get(name)

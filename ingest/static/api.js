@@ -50,20 +50,21 @@ export async function api(path, { method = "GET", body, signal } = {}) {
   }
   if (!response.ok) {
     const message = doc && typeof doc.error === "string" ? doc.error : `${response.status} ${response.statusText}`;
-    const hint = response.status === 401 || response.status === 403 ? " (set the read token above)" : "";
+    const hint = response.status === 401 ? " (set the token above)" : response.status === 403 ? " (this needs another token: verdicts need the admin token)" : "";
     throw new ApiError(response.status, `${method} ${path.split("?")[0]}: ${message}${hint}`);
   }
   return doc;
 }
 
-// Quote a value for the SQL API (which takes no parameters): a string literal with '' escaping.
+// A constant as a SQL string literal ('' escaping). Data goes in as a $param, never this way.
 export function sqlString(value) {
   return "'" + String(value).replace(/'/g, "''") + "'";
 }
 
-// POST /api/v1/query, rows as objects keyed by column name.
-export async function sql(query, signal) {
-  const doc = await api("/api/v1/query", { method: "POST", body: { sql: query }, signal });
+// POST /api/v1/query with DuckDB named parameters ($name), rows as objects keyed by column name.
+export async function sql(query, { params, signal } = {}) {
+  const body = params ? { sql: query, params } : { sql: query };
+  const doc = await api("/api/v1/query", { method: "POST", body, signal });
   return doc.rows.map((row) => Object.fromEntries(doc.columns.map((c, i) => [c, row[i]])));
 }
 
