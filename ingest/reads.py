@@ -40,13 +40,12 @@ def _dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 INSTANCES_SQL = """
 SELECT i.instance_id, coalesce(s.state, 'unknown') AS state, s.state_since, i.machine_id, i.host_id,
        i.gpu_model, i.gpu_count, i.dph, i.location, i.first_seen, i.last_seen,
-       b.rate_per_hour, b.exit_code
+       b.rate_per_hour, b.exit_code, b.failure_class, b.failure_line
 FROM instances i
 LEFT JOIN instance_state s USING (instance_id)
-LEFT JOIN (
-    SELECT instance_id, arg_max(rate_per_hour, coalesce(done_at, started_at)) AS rate_per_hour,
-           arg_max(exit_code, coalesce(done_at, started_at)) AS exit_code
-    FROM bench_runs GROUP BY instance_id
+LEFT JOIN (  -- the latest run, finished or not
+    SELECT instance_id, rate_per_hour, exit_code, failure_class, failure_line FROM bench_runs
+    QUALIFY row_number() OVER (PARTITION BY instance_id ORDER BY coalesce(done_at, started_at) DESC) = 1
 ) b USING (instance_id)
 {where}
 ORDER BY i.last_seen DESC
@@ -76,7 +75,7 @@ def instance_detail(con, timeout_s: float, instance_id: str) -> dict[str, Any] |
         ]
         cur.execute(
             """SELECT started_at, proofs, concurrency, partition_workers, done_at, exit_code, rate_per_hour,
-                      duration_s, proofs_ok, failure_excerpt
+                      duration_s, proofs_ok, failure_excerpt, failure_class, failure_line
                FROM bench_runs WHERE instance_id = ? ORDER BY coalesce(done_at, started_at)""",
             [instance_id],
         )
@@ -136,19 +135,20 @@ def load_tail(con, timeout_s: float, instance_id: str, source: str, n: int) -> t
     return [(r, seq, ts, line) for _s, r, seq, ts, line in rows[-n:] if n], complete
 
 
-def logs_complete_marks(con, timeout_s: float, instance_id: str) -> dict[tuple[str, str], int]:
-    """The last seq each ``logs_complete`` event declared, per (source, run_id) (the highest wins)."""
+def logs_complete_marks(con, timeout_s: float, instance_id: str | None = None) -> dict[str, dict[tuple[str, str], int]]:
+    """Per instance, the last seq its ``logs_complete`` events declared per (source, run_id) (the
+    highest wins); every instance's when ``instance_id`` is None."""
+    where, params = ("AND instance_id = ?", [instance_id]) if instance_id is not None else ("", [])
     with deadline_cursor(con, timeout_s) as cur:
-        cur.execute(
-            "SELECT body FROM events WHERE instance_id = ? AND kind = 'logs_complete' ORDER BY ts", [instance_id]
-        )
-        marks: dict[tuple[str, str], int] = {}
-        for (body,) in cur.fetchall():
+        cur.execute(f"SELECT instance_id, body FROM events WHERE kind = 'logs_complete' {where}", params)
+        marks: dict[str, dict[tuple[str, str], int]] = {}
+        for instance, body in cur.fetchall():
             doc = orjson.loads(body)
             run_id = doc.get("run_id", "0")
+            own = marks.setdefault(instance, {})
             for source, last in doc.get("sources", {}).items():
                 if last is not None:
-                    marks[(source, run_id)] = max(last, marks.get((source, run_id), -1))
+                    own[(source, run_id)] = max(last, own.get((source, run_id), -1))
         return marks
 
 

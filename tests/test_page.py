@@ -351,9 +351,9 @@ async def test_a_stored_token_goes_with_every_request_as_bearer(fleet, page):
     assert seen and all("authorization" not in h for h in seen)
 
     await page.fill("#token-input", "s3cret-read")
-    async with page.expect_request(lambda r: r.url.endswith("/api/v1/query")) as query_request:
+    async with page.expect_request(lambda r: r.url.endswith("/api/v1/instances")) as list_request:
         await page.click("#token-form button")
-    assert (await (await query_request.value).all_headers())["authorization"] == "Bearer s3cret-read"
+    assert (await (await list_request.value).all_headers())["authorization"] == "Bearer s3cret-read"
     await expect(page.locator("#token-state")).to_have_text("set")
     assert await page.evaluate("localStorage.getItem('fleetlog.token')") == "s3cret-read"
 

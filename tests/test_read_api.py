@@ -193,3 +193,18 @@ async def test_health_ready_and_metrics(client):
     assert 'fleetlog_ingest_rejected_requests_total{reason="bad_request"} 1.0' in text
     assert "fleetlog_ingest_queue_rows 0.0" in text
     assert "fleetlog_ingest_commit_seconds_count" in text
+
+
+async def test_instance_list_carries_failure_class_and_log_completeness(client):
+    await post(client, "/api/v1/events", [
+        {"instance_id": "C.1", "kind": "bench_started", "ts": 1, "proofs": 12},
+        {"instance_id": "C.1", "kind": "bench_done", "ts": 2, "exit_code": 1, "rate_per_hour": 0},
+        {"instance_id": "C.1", "kind": "bench_started", "ts": 3, "proofs": 12},  # a newer run, still going
+    ])
+    await push_lines(client, 3, source="benchout", instance="C.1")
+    await push_lines(client, 2, source="benchdaemon", instance="C.1")
+    await post(client, "/api/v1/events", {"instance_id": "C.1", "kind": "logs_complete", "ts": 4,
+                                          "sources": {"benchout": 2, "benchdaemon": 5}})
+    [row] = (await get_json(client, "/api/v1/instances"))["instances"]
+    assert row["exit_code"] is None and row["rate_per_hour"] is None  # the latest run, not the last finished one
+    assert row["logs"] == {"sources": 2, "incomplete": ["benchdaemon"]}

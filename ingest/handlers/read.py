@@ -25,7 +25,12 @@ async def run_read(request: web.Request, api: str, fn, *args, **kwargs):
 
 
 async def get_instances(request: web.Request) -> web.Response:
+    """Instances, each with ``logs``: how many sources, and which of them are incomplete."""
     rows = await run_read(request, "instances", reads.list_instances, request.query.get("state") or None)
+    marks = await run_read(request, "instances", reads.logs_complete_marks)
+    for row in rows:
+        summary = log_summary(request, row["instance_id"], marks.get(row["instance_id"], {}))
+        row["logs"] = {"sources": len(summary), "incomplete": sorted(s for s, e in summary.items() if not e["complete"])}
     return json_response({"instances": rows})
 
 
@@ -51,7 +56,7 @@ async def get_instance(request: web.Request) -> web.Response:
     detail = await run_read(request, "instance", reads.instance_detail, instance_id)
     if detail is None:
         raise NotFound(f"instance {instance_id!r} is not known")
-    marks = await run_read(request, "instance", reads.logs_complete_marks, instance_id)
+    marks = (await run_read(request, "instance", reads.logs_complete_marks, instance_id)).get(instance_id, {})
     runs = detail.pop("bench_runs")
     detail["bench"] = runs[-1] if runs else None
     detail["bench_runs"] = runs

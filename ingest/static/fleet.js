@@ -1,48 +1,23 @@
 // Fleet view: every instance with its state, GPU, machine, benchmark rate against min_rate,
 // failure class, log completeness and last seen; filtered by state; refreshed every few seconds.
 
-import { api, minRate, sql } from "./api.js";
-import {
-  clearError, h, instanceHref, link, machineHref, poll, rateCell, replace, reportError, stateBadge, timeCell,
-} from "./dom.js";
+import { api, minRate } from "./api.js";
+import { h, instanceHref, link, machineHref, poll, rateCell, replace, stateBadge, timeCell } from "./dom.js";
 
 const STATES = ["registered", "params_done", "benchmarking", "bench_done", "running", "killed", "unknown"];
 const REFRESH_MS = 5000;
 
-// What GET /api/v1/instances does not carry yet: the latest run's failure class, and per instance
-// which sources' latest run is incomplete (no logs_complete covering it, or a gap in seq).
-export const FLEET_EXTRAS_SQL = `
-WITH streams AS (
-  SELECT instance_id, source, run_id, count(*) AS n, max(seq) AS last_seq FROM logs GROUP BY ALL
-), marks AS (
-  SELECT e.instance_id, j.key AS source, coalesce(e.body->>'run_id', '0') AS run_id, max(j.value::BIGINT) AS declared
-  FROM events e, json_each(e.body->'sources') AS j
-  WHERE e.kind = 'logs_complete' GROUP BY ALL
-), runs AS (
-  SELECT instance_id, source, run_id,
-         declared IS NOT NULL AND coalesce(n, 0) = declared + 1 AND coalesce(last_seq, -1) = declared AS complete
-  FROM streams FULL JOIN marks USING (instance_id, source, run_id)
-  QUALIFY row_number() OVER (PARTITION BY instance_id, source ORDER BY run_id DESC) = 1
-), logs_state AS (
-  SELECT instance_id, count(*) AS sources, list(source ORDER BY source) FILTER (WHERE NOT complete) AS incomplete
-  FROM runs GROUP BY 1
-), bench AS (
-  SELECT instance_id, failure_class FROM bench_runs
-  QUALIFY row_number() OVER (PARTITION BY instance_id ORDER BY coalesce(done_at, started_at) DESC) = 1
-)
-SELECT instance_id, b.failure_class, l.sources, l.incomplete
-FROM instances LEFT JOIN bench b USING (instance_id) LEFT JOIN logs_state l USING (instance_id)`;
-
-function logsCell(extra) {
-  if (!extra) return h("span", { class: "muted", title: "completeness unknown (SQL API unavailable)", text: "?" });
-  if (!extra.sources) return h("span", { class: "muted", text: "no logs" });
-  const incomplete = extra.incomplete || [];
+// GET /api/v1/instances gives each instance's latest run's failure class and ``logs``: how many
+// sources, and which of them are incomplete (no logs_complete covering the latest run, or a gap).
+function logsCell(logs) {
+  if (!logs || !logs.sources) return h("span", { class: "muted", text: "no logs" });
+  const incomplete = logs.incomplete || [];
   if (!incomplete.length) return h("span", { class: "ok", title: "every source's last seq is declared and stored", text: "✓ complete" });
-  return h("span", { class: "warn", title: `incomplete: ${incomplete.join(", ")}`, text: `⚠ ${incomplete.length}/${extra.sources} incomplete` });
+  return h("span", { class: "warn", title: `incomplete: ${incomplete.join(", ")}`, text: `⚠ ${incomplete.length}/${logs.sources} incomplete` });
 }
 
-function classCell(extra, instance) {
-  if (extra && extra.failure_class) return h("span", { class: "badge class", text: extra.failure_class });
+function classCell(instance) {
+  if (instance.failure_class) return h("span", { class: "badge class", text: instance.failure_class });
   if (instance.exit_code) return h("span", { class: "muted", title: "not classified yet (the policies run on a timer)", text: "…" });
   return h("span", { class: "muted", text: "—" });
 }
@@ -68,24 +43,10 @@ export function renderFleet(root, params, signal) {
   );
 
   const min = minRate();
-  let extras = new Map();
 
   async function refresh() {
-    const [doc, extraRows] = await Promise.all([
-      api("/api/v1/instances", { signal }),
-      sql(FLEET_EXTRAS_SQL, { signal }).then(
-        (rows) => {
-          clearError("fleet-sql");
-          return rows;
-        },
-        (e) => {
-          if (e.name !== "AbortError") reportError("fleet-sql", e);
-          return null;
-        },
-      ),
-    ]);
+    const doc = await api("/api/v1/instances", { signal });
     if (signal.aborted) return;
-    if (extraRows) extras = new Map(extraRows.map((r) => [r.instance_id, r]));
     const instances = doc.instances;
     const counts = new Map();
     for (const i of instances) counts.set(i.state, (counts.get(i.state) || 0) + 1);
@@ -101,7 +62,6 @@ export function renderFleet(root, params, signal) {
       body,
       shown.length
         ? shown.map((i) => {
-            const extra = extraRows ? extras.get(i.instance_id) : null;
             return h(
               "tr",
               { "data-instance": i.instance_id, class: i.exit_code ? "failed" : "" },
@@ -111,8 +71,8 @@ export function renderFleet(root, params, signal) {
               h("td", null, i.machine_id === null ? "—" : link(machineHref(i.machine_id), String(i.machine_id))),
               h("td", null, rateCell(i.rate_per_hour, min, i.exit_code)),
               h("td", { class: i.exit_code ? "bad" : "", text: i.exit_code === null ? "—" : String(i.exit_code) }),
-              h("td", null, classCell(extra, i)),
-              h("td", null, logsCell(extra)),
+              h("td", null, classCell(i)),
+              h("td", null, logsCell(i.logs)),
               h("td", null, timeCell(i.last_seen)),
             );
           })

@@ -1,6 +1,6 @@
 // Instance view: header, failure banner, lifecycle timeline, benchmark runs, GPU charts, logs.
 
-import { api, minRate, path, sql } from "./api.js";
+import { api, minRate, path } from "./api.js";
 import { renderCharts } from "./charts.js";
 import {
   fmtDuration, fmtNumber, fmtTime, h, link, machineHref, parseTime, poll, rateCell, replace, stateBadge, timeCell,
@@ -33,24 +33,8 @@ export function renderInstance(root, id, params, signal) {
   const min = minRate();
 
   async function refresh() {
-    const [doc, classes] = await Promise.all([
-      api(`/api/v1/instances/${path(id)}`, { signal }),
-      // failure_class and failure_line are not in the read API's bench runs yet
-      sql(
-        "SELECT started_at, done_at, failure_class, failure_line FROM bench_runs WHERE instance_id = $instance_id",
-        { params: { instance_id: id }, signal },
-      ).catch((e) => {
-        if (e.name === "AbortError") throw e;
-        return [];
-      }),
-    ]);
+    const doc = await api(`/api/v1/instances/${path(id)}`, { signal });
     if (signal.aborted) return;
-    const byRun = new Map(classes.map((c) => [`${c.started_at}|${c.done_at}`, c]));
-    for (const run of [...doc.bench_runs, doc.bench].filter(Boolean)) {
-      const c = byRun.get(`${run.started_at}|${run.done_at}`);
-      run.failure_class ??= c ? c.failure_class : null;
-      run.failure_line ??= c ? c.failure_line : null;
-    }
     detail = doc;
     renderHead(head, doc);
     renderBanner(banner, doc, min);
