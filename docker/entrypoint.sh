@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# A GPU instance's whole lifecycle, every phase through fleetlog-agent so that none can fail
+# silently and its evidence leaves the machine before anyone can destroy it:
+#   registered -> parameter fetch (source setup) -> params_done
+#   -> benchmark (benchout; daemon log as benchdaemon) -> bench_done + logs_complete
+#   -> running: cuzk-daemon and curio supervised, their logs shipped as cuzk and curio.
+#
+# Settings (environment):
+#   FLEETLOG_SERVER            the fleetlog server, e.g. http://10.0.0.2:8080 (required)
+#   FLEETLOG_INSTANCE_ID       default C.$CONTAINER_ID (vast.ai sets CONTAINER_ID)
+#   FLEETLOG_TOKEN             the enrollment token (or this instance's own token) when tokens are on
+#   FLEETLOG_MACHINE_ID, FLEETLOG_HOST_ID, FLEETLOG_DPH, FLEETLOG_LOCATION   identity for 'registered'
+#   FLEETLOG_STATE_DIR         the agents' state and spools (default /var/tmp/fleetlog)
+#   FLEETLOG_PARAMS_CMD        parameter fetch (default /opt/proving/fetch-params.sh)
+#   FLEETLOG_BENCH_CMD         the benchmark (default /opt/proving/benchmark.sh); gets BENCH_PROOFS
+#   BENCH_PROOFS, BENCH_CONCURRENCY, BENCH_PARTITION_WORKERS   (12, 3, 16)
+#   FLEETLOG_BENCH_DAEMON_LOG  the benchmark daemon's log (default /tmp/cuzk-bench-daemon.log)
+#   FLEETLOG_DAEMON_CMD, FLEETLOG_CURIO_CMD   the proving stack (defaults cuzk-daemon, curio run);
+#                              an empty FLEETLOG_CURIO_CMD runs no curio
+#   FLEETLOG_LOG_DIR           where the daemons' logs go (default /var/log/proving)
+#   FLEETLOG_RESTART_DELAY_S   wait before restarting a daemon that exited (default 5)
+# Commands are split on spaces, not evaluated by a shell.
+# Exit: the benchmark's exit code when it fails; 0 after SIGTERM once the daemons are stopped and
+# their last lines shipped.
+set -uo pipefail
+
+: "${FLEETLOG_SERVER:?FLEETLOG_SERVER must name the fleetlog server}"
+export FLEETLOG_SERVER
+export FLEETLOG_INSTANCE_ID="${FLEETLOG_INSTANCE_ID:-C.${CONTAINER_ID:?set FLEETLOG_INSTANCE_ID or CONTAINER_ID}}"
+state_dir="${FLEETLOG_STATE_DIR:-/var/tmp/fleetlog}"
+log_dir="${FLEETLOG_LOG_DIR:-/var/log/proving}"
+bench_daemon_log="${FLEETLOG_BENCH_DAEMON_LOG:-/tmp/cuzk-bench-daemon.log}"
+restart_delay_s="${FLEETLOG_RESTART_DELAY_S:-5}"
+read -r -a params_cmd <<< "${FLEETLOG_PARAMS_CMD:-/opt/proving/fetch-params.sh}"
+read -r -a bench_cmd <<< "${FLEETLOG_BENCH_CMD:-/opt/proving/benchmark.sh}"
+read -r -a daemon_cmd <<< "${FLEETLOG_DAEMON_CMD:-cuzk-daemon}"
+read -r -a curio_cmd <<< "${FLEETLOG_CURIO_CMD-curio run}"
+proofs="${BENCH_PROOFS:-12}"
+mkdir -p "$state_dir" "$log_dir"
+
+say() { echo "[entrypoint] $(date -u +%H:%M:%S) $*"; }
+agent() { fleetlog-agent "$1" --spool "$state_dir/main" "${@:2}"; }
+
+# 1. Registration: who this machine is. Spooled if the server cannot be reached yet.
+identity=()
+for pair in machine_id="${FLEETLOG_MACHINE_ID:-}" host_id="${FLEETLOG_HOST_ID:-}" dph="${FLEETLOG_DPH:-}" \
+            location="${FLEETLOG_LOCATION:-}"; do
+    [[ -n "${pair#*=}" ]] && identity+=("$pair")
+done
+if command -v nvidia-smi >/dev/null 2>&1; then
+    gpus="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true)"
+    if [[ -n "$gpus" ]]; then
+        identity+=("gpu_model=${gpus%%,*}" "gpu_count=$(grep -c . <<< "$gpus")")
+        driver="${gpus#*, }"
+        identity+=("driver=${driver%%$'\n'*}")
+    fi
+fi
+say "registering $FLEETLOG_INSTANCE_ID with $FLEETLOG_SERVER"
+agent event registered "${identity[@]}" || say "registration kept in the spool (server unreachable); going on"
+
+# 2. Parameter fetch, its output as source 'setup'; params_done only if it succeeded.
+say "fetching proving parameters: ${params_cmd[*]}"
+agent wrap --source setup --done-event params_done -- "${params_cmd[@]}"
+rc=$?
+if (( rc != 0 )); then
+    say "parameter fetch failed (exit $rc)"
+    exit "$rc"
+fi
+
+# 3. The benchmark: its output as benchout, the daemon's log as benchdaemon; bench_done and
+#    logs_complete are sent only once every line is stored.
+say "Starting benchmark: $proofs proofs, concurrency ${BENCH_CONCURRENCY:-3}, partition-workers ${BENCH_PARTITION_WORKERS:-16}"
+agent run --no-register --tail "benchdaemon=$bench_daemon_log" \
+    --proofs "$proofs" --concurrency "${BENCH_CONCURRENCY:-3}" --partition-workers "${BENCH_PARTITION_WORKERS:-16}" \
+    -- "${bench_cmd[@]}" "$proofs"
+rc=$?
+if (( rc != 0 )); then
+    say "benchmark.sh exited with error (exit $rc); its evidence is stored, the fleet's rules decide"
+    exit "$rc"
+fi
+say "benchmark done"
+
+# 4. The proving stack under a supervisor loop; a tail agent ships its logs until we stop.
+cuzk_log="$log_dir/cuzk.log"
+curio_log="$log_dir/curio.log"
+touch "$cuzk_log" "$curio_log"
+fleetlog-agent tail --spool "$state_dir/tail" --tail "cuzk=$cuzk_log" --tail "curio=$curio_log" &
+tail_pid=$!
+stopping=0
+children=()
+
+supervise() {  # NAME LOG CMD...: restart CMD whenever it exits, until we stop
+    local name="$1" log="$2"
+    shift 2
+    local child=""
+    trap 'stopping=1; [[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null' TERM INT
+    while (( ! stopping )); do
+        "$@" >> "$log" 2>&1 &
+        child=$!
+        wait "$child"
+        local code=$?
+        (( stopping )) && break
+        echo "[entrypoint] $(date -u +%H:%M:%S) $name exited with $code; restarting in ${restart_delay_s}s" >> "$log"
+        sleep "$restart_delay_s" &
+        wait $!
+    done
+    [[ -n "$child" ]] && wait "$child" 2>/dev/null
+}
+
+supervise cuzk "$cuzk_log" "${daemon_cmd[@]}" &
+children+=($!)
+if (( ${#curio_cmd[@]} )); then
+    supervise curio "$curio_log" "${curio_cmd[@]}" &
+    children+=($!)
+fi
+agent event running || say "'running' kept in the spool"
+say "proving stack running (cuzk-daemon${curio_cmd[*]:+, curio})"
+
+shutdown() {
+    say "stopping: daemons first, then the log shipper"
+    kill -TERM "${children[@]}" 2>/dev/null
+    wait "${children[@]}" 2>/dev/null
+    kill -TERM "$tail_pid" 2>/dev/null
+    wait "$tail_pid"
+    exit 0
+}
+trap shutdown TERM INT
+wait "${children[@]}"
