@@ -21,6 +21,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/ingest_throughput.py
 	$(BIN)/python bench/tail_latency.py
+	$(BIN)/python bench/agent_cost.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

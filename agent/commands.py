@@ -1,0 +1,321 @@
+"""The four things the agent does: ``run``, ``wrap``, ``tail`` and ``event``.
+
+A run lives in the state directory until it is finished: when an agent is killed and started again
+with the same ``--spool``, it first completes the unfinished run. A wrapped command that is still
+running is adopted (its output is read on from the saved offsets; its exit status comes from the
+reaper), and it is never started a second time: a restarted ``run`` or ``wrap`` reports the
+adopted command and exits with its code. An unfinished ``tail`` run is resumed by the next ``tail``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from typing import Any, Callable
+
+import orjson
+
+from agent import gpu
+from agent.config import Invocation
+from agent.echo import Echo
+from agent.recorder import Recorder
+from agent.result import Evidence
+from agent.runner import Command, CommandResult
+from agent.state import StateDir, StateDirBusy
+
+logger = logging.getLogger(__name__)
+
+EX_TEMPFAIL = 75  # the event is queued on disk but not yet delivered
+
+
+def say(message: str) -> None:
+    """A line for the person reading the container's output (not a log record)."""
+    sys.stderr.write(f"fleetlog-agent: {message}\n")
+    sys.stderr.flush()
+
+
+class Signals:
+    """SIGTERM/SIGINT: the 1st is forwarded to the command (SIGKILL after the grace period), the 2nd
+    kills it at once, and one more while flushing gives up the flush."""
+
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        self.count = 0
+        self.abort_flush = asyncio.Event()
+        self.command: Command | None = None
+        self.grace_s = 0.0
+        self.flushing = False
+        self._on_change = on_change
+        self._kill_timer: asyncio.TimerHandle | None = None
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._received, signum)
+
+    def uninstall(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        self.command_ended()
+
+    def command_ended(self) -> None:
+        if self._kill_timer is not None:
+            self._kill_timer.cancel()
+            self._kill_timer = None
+
+    def _received(self, signum: int) -> None:
+        self.count += 1
+        name = signal.Signals(signum).name
+        command = self.command
+        if self.flushing:
+            if self.count > 1:
+                say(f"{name} again: giving up the flush")
+                self.abort_flush.set()
+            else:
+                say(f"{name}: still flushing (another signal gives up)")
+        elif command is not None and command.running:
+            if self.count == 1:
+                say(f"{name}: forwarded to the command; SIGKILL in {self.grace_s:g} s unless it exits")
+                command.send_signal(signum)
+                self._kill_timer = asyncio.get_running_loop().call_later(self.grace_s, command.kill)
+            else:
+                say(f"{name} again: killing the command now")
+                command.kill()
+        self._on_change()
+
+
+async def _flush(rec: Recorder, signals: Signals, timeout_s: float) -> bool:
+    """Deliver everything, within ``timeout_s``, unless a signal gives up; report what is left."""
+    signals.flushing = True
+    started = time.monotonic()
+    drain = asyncio.create_task(rec.drain(timeout_s))
+    abort = asyncio.create_task(signals.abort_flush.wait())
+    try:
+        await asyncio.wait({drain, abort}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (drain, abort):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    delivered = drain.done() and not drain.cancelled() and drain.result()
+    if not delivered:
+        left = rec.undelivered()
+        lines = ", ".join(f"{n} of {s}" for s, n in sorted(left["lines"].items())) or "none"
+        say(
+            f"not delivered after {time.monotonic() - started:.1f} s: lines {lines}; events {', '.join(left['events']) or 'none'}"
+            f" ({left['bytes']} bytes, last error: {rec.shipper.last_error or 'none'}). They stay in {rec.dir.spool_dir};"
+            " the next fleetlog-agent with this --spool sends them."
+        )
+    return delivered
+
+
+def _registered_fields(inv: Invocation) -> dict[str, Any]:
+    s = inv.settings
+    fields = {k: getattr(s, k) for k in ("machine_id", "host_id", "gpu_model", "gpu_count", "dph", "location")}
+    if s.gpu_model is None or s.gpu_count is None:
+        found = gpu.detect()
+        fields["gpu_model"] = s.gpu_model or found.get("gpu_model")
+        fields["gpu_count"] = s.gpu_count if s.gpu_count is not None else found.get("gpu_count")
+        if found.get("driver"):
+            fields["driver"] = found["driver"]
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _start_run(rec: Recorder, inv: Invocation) -> dict:
+    s = inv.settings
+    run_id = rec.state.start_run(
+        inv.command,
+        started_at=time.time(),
+        source=s.source,
+        tails=[list(t) for t in s.tails],
+        bench=inv.command == "run",
+        rate_regex=s.rate_regex,
+        done_event=s.done_event,
+        grace_s=s.grace_s,
+    )
+    rec.save_state()
+    logger.info("run %s started", run_id)
+    return rec.state.run
+
+
+def _close_abandoned(rec: Recorder) -> None:
+    """An unfinished run this invocation will not continue: declare what it has."""
+    run = rec.state.run
+    sources = sorted(set(rec.state.seqs) | {t[0] for t in run.get("tails", [])} | ({run["source"]} if run.get("source") else set()))
+    if sources:
+        rec.logs_complete(sources)
+    run["finished"] = True
+    rec.save_state()
+
+
+async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals) -> int:
+    """Ship the command's output and the tailed logs until it exits, then report it."""
+    run_dir = os.path.dirname(command.status_path)
+    source = run["source"]
+    rec.evidence = Evidence()
+    for tail_source, path in run.get("tails", []):  # first: the daemon's log leads the excerpt
+        rec.tail(tail_source, path)
+    echoes = [Echo(sys.stdout.buffer, "stdout"), Echo(sys.stderr.buffer, "stderr")]
+    rec.tail(source, command.stdout_path, label="stdout", echo=echoes[0], in_excerpt=False)
+    rec.tail(source, command.stderr_path, label="stderr", echo=echoes[1])
+    if run.get("bench"):
+        rec.parse_rate_of(source, run["rate_regex"])
+    signals.command = command
+    signals.grace_s = run.get("grace_s", 10.0)
+    await rec.pump(lambda: not command.running)
+    signals.command_ended()
+    result: CommandResult = command.poll()
+    command.reap()
+    rec.finish_reading()
+    for echo in echoes:
+        echo.close()
+    exit_code = result.exit_code
+    if run.get("bench"):
+        done: dict[str, Any] = {"duration_s": round(command.duration_s, 3), "failure_excerpt": rec.evidence.excerpt()}
+        if exit_code is not None:
+            done["exit_code"] = exit_code
+        else:
+            done["error"] = "the exit status was lost: the agent and the reaper were both killed"
+        if result.signal:
+            done["signal"] = result.signal
+        if rec.rate is not None and rec.rate.rate is not None:
+            done["rate_per_hour"] = rec.rate.rate
+            done["rate_line"] = rec.rate.line[:500]
+        dropped = {s: n for s, n in rec.state.dropped.items() if n}
+        if dropped:
+            done["dropped_lines"] = dropped
+        rec.event("bench_done", **done)
+    rec.logs_complete([source] + [t[0] for t in run.get("tails", [])])
+    if run.get("done_event") and exit_code == 0:
+        rec.event(run["done_event"], exit_code=0, duration_s=round(command.duration_s, 3))
+    run["finished"] = True
+    run["exit_code"] = exit_code
+    for path in (command.stdout_path, command.stderr_path):
+        rec.forget_file(path)
+    rec.save_state()
+    rec.stop_tailing()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    what = f"signal {result.signal}" if result.signal else f"exit code {exit_code}"
+    logger.info("command ended (%s)", what)
+    return 1 if exit_code is None else exit_code
+
+
+async def _adopt(rec: Recorder, signals: Signals) -> int:
+    run = rec.state.run
+    command = Command.adopt(run["command"])
+    state = "still running" if command.running else "already ended"
+    say(f"resuming run {run['run_id']}: its command (reaper pid {command.reaper_pid}) {state}; not starting another")
+    return await _complete(rec, run, command, signals)
+
+
+async def run_command(inv: Invocation) -> int:
+    """``run`` and ``wrap``."""
+    s = inv.settings
+    rec = Recorder(s)
+    registration = _registered_fields(inv) if inv.command == "run" else {}
+    await rec.open(registration)
+    signals = Signals(rec.wake)
+    signals.install()
+    try:
+        prev = rec.state.run
+        if prev and not prev.get("finished") and prev.get("command"):
+            code = await _adopt(rec, signals)
+        else:
+            if prev and not prev.get("finished"):
+                _close_abandoned(rec)
+            run = _start_run(rec, inv)
+            if inv.command == "run":
+                if s.register:
+                    rec.event("registered", **registration)
+                rec.event("bench_started", **{k: getattr(s, k) for k in ("proofs", "concurrency", "partition_workers") if getattr(s, k) is not None}, run_id=run["run_id"], command=list(inv.argv))
+            run_dir = rec.dir.run_dir(run["run_id"])
+            command = Command(list(inv.argv), os.path.join(run_dir, "status"), os.path.join(run_dir, "stdout"), os.path.join(run_dir, "stderr"))
+            run["command"] = command.info()  # saved before it starts: a restart never starts it twice
+            rec.save_state()
+            command.start()
+            run["command"] = command.info()
+            rec.save_state()
+            code = await _complete(rec, run, command, signals)
+        await _flush(rec, signals, s.flush_timeout_s)
+        return code
+    finally:
+        signals.uninstall()
+        await rec.close()
+
+
+async def tail_command(inv: Invocation) -> int:
+    s = inv.settings
+    rec = Recorder(s)
+    await rec.open()
+    stop = asyncio.Event()
+    signals = Signals(lambda: (stop.set(), rec.wake()))
+    signals.install()
+    try:
+        prev = rec.state.run
+        if prev and not prev.get("finished") and prev.get("command"):
+            await _adopt(rec, signals)
+            signals.count = 0
+            prev = rec.state.run
+        if prev and not prev.get("finished") and prev.get("mode") == "tail":
+            prev["tails"] = [list(t) for t in s.tails]
+            say(f"resuming tail run {prev['run_id']}")
+        else:
+            if prev and not prev.get("finished"):
+                _close_abandoned(rec)
+            _start_run(rec, inv)
+        for source, path in s.tails:
+            rec.tail(source, path)
+        await rec.pump(stop.is_set)
+        rec.finish_reading()
+        rec.logs_complete([t[0] for t in s.tails])
+        rec.state.run["finished"] = True
+        rec.save_state()
+        await _flush(rec, signals, s.flush_timeout_s)
+        return 0
+    finally:
+        signals.uninstall()
+        await rec.close()
+
+
+async def event_command(inv: Invocation) -> int:
+    s = inv.settings
+    fields = dict(inv.event_fields)
+    ts = fields.pop("ts", None)
+    body = {"instance_id": s.instance_id, "kind": inv.event_kind, "ts": round(float(ts) if ts is not None else time.time(), 6), **fields}
+    rec = Recorder(s)
+    try:
+        await rec.open()
+    except StateDirBusy:
+        return await _event_via_inbox(StateDir(s.spool), body, s.flush_timeout_s)
+    signals = Signals(lambda: None)
+    signals.install()
+    try:
+        rec.event(inv.event_kind, ts=body["ts"], **fields)
+        delivered = await _flush(rec, signals, s.flush_timeout_s)
+        return 0 if delivered else EX_TEMPFAIL
+    finally:
+        signals.uninstall()
+        await rec.close()
+
+
+async def _event_via_inbox(state_dir: StateDir, body: dict, timeout_s: float) -> int:
+    """Another agent holds the state directory: leave the event in its inbox, wait until it takes it."""
+    os.makedirs(state_dir.inbox_dir, exist_ok=True)
+    name = f"{time.time_ns():020d}-{os.getpid()}-{body['kind']}.json"
+    path = os.path.join(state_dir.inbox_dir, name)
+    with open(path + ".tmp", "wb") as f:
+        f.write(orjson.dumps(body))
+    os.replace(path + ".tmp", path)
+    deadline = time.monotonic() + timeout_s
+    while os.path.exists(path):
+        if time.monotonic() >= deadline:
+            say(f"the agent holding {state_dir.path} has not taken the event yet; it stays in {path}")
+            return EX_TEMPFAIL
+        await asyncio.sleep(0.05)
+    return 0  # now in that agent's spool, which sends it in order

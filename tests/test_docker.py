@@ -1,0 +1,197 @@
+"""The containers, tested as far as this machine allows (no Docker engine here): the entrypoint runs
+for real against the real server with stand-in commands; shellcheck; the compose file and the
+Dockerfiles are parsed and cross-checked with the server's settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from ingest.config import Settings
+from tests.conftest import REPO
+
+DOCKER = REPO / "docker"
+SCRIPTS = REPO / "tests" / "scripts"
+ENTRYPOINT = DOCKER / "entrypoint.sh"
+
+
+def get(server, path: str):
+    with urllib.request.urlopen(server.url + path, timeout=10) as r:
+        return orjson.loads(r.read())
+
+
+def wait_for(predicate, what: str, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def entrypoint_env(server, tmp_path: Path, **extra: str) -> dict[str, str]:
+    agent_bin = Path(sys.executable).parent  # fleetlog-agent is installed beside this interpreter
+    return {
+        "PATH": f"{agent_bin}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "FLEETLOG_SERVER": server.url,
+        "CONTAINER_ID": "32733029",
+        "FLEETLOG_MACHINE_ID": "55891",
+        "FLEETLOG_HOST_ID": "7140",
+        "FLEETLOG_LOCATION": "Norway",
+        "FLEETLOG_STATE_DIR": str(tmp_path / "state"),
+        "FLEETLOG_LOG_DIR": str(tmp_path / "logs"),
+        "FLEETLOG_BENCH_DAEMON_LOG": str(tmp_path / "cuzk-bench-daemon.log"),
+        "FLEETLOG_PARAMS_CMD": str(SCRIPTS / "standin_params.sh"),
+        "FLEETLOG_BENCH_CMD": str(SCRIPTS / "standin_benchmark.sh"),
+        "FLEETLOG_DAEMON_CMD": f"{SCRIPTS / 'standin_daemon.sh'} cuzk-daemon",
+        "FLEETLOG_CURIO_CMD": f"{SCRIPTS / 'standin_daemon.sh'} curio",
+        "BENCH_PROOFS": "3",
+        "FLEETLOG_AGENT_FLUSH_TIMEOUT_S": "30",
+        "FLEETLOG_AGENT_POLL_INTERVAL_S": "0.05",
+        **extra,
+    }
+
+
+def test_entrypoint_runs_every_phase_through_the_agent(server_process, tmp_path):
+    server = server_process("--policy-interval", "0").start()
+    proc = subprocess.Popen(["bash", str(ENTRYPOINT)], env=entrypoint_env(server, tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def running_with_daemon_logs():
+            try:
+                detail = get(server, "/api/v1/instances/C.32733029")
+            except urllib.error.HTTPError as e:  # not registered yet
+                assert e.code == 404
+                return None
+            kinds = [e["kind"] for e in detail["events"]]
+            return "running" in kinds and {"cuzk", "curio"} <= set(detail["logs"]) and detail
+
+        wait_for(running_with_daemon_logs, "the proving stack to run and ship its logs")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    detail = get(server, "/api/v1/instances/C.32733029")
+    kinds = [e["kind"] for e in detail["events"] if e["kind"] != "logs_complete"]
+    assert kinds == ["registered", "params_done", "bench_started", "bench_done", "running"], kinds
+    assert detail["machine_id"] == 55891 and detail["location"] == "Norway"
+    assert detail["bench"]["exit_code"] == 0 and detail["bench"]["rate_per_hour"] == 41.7
+    assert detail["bench"]["proofs"] == 3 and detail["bench"]["partition_workers"] == 16
+    for source in ("setup", "benchout", "benchdaemon"):
+        assert detail["logs"][source]["complete"] is True, (source, detail["logs"][source])
+    setup = get(server, "/api/v1/instances/C.32733029/logs?source=setup")["lines"]
+    assert [l["line"] for l in setup] == ["fetching v28-stacked-proof-of-replication-merkletree-poseidon_hasher-8-8-0-sha256_hasher.params",
+                                          "fetched 3 of 3 parameter files (56.2 GiB) in 212 s"]
+    # the daemons' last words were shipped after SIGTERM, none lost
+    cuzk = [l["line"] for l in get(server, "/api/v1/instances/C.32733029/logs?source=cuzk&tail=10000")["lines"]]
+    assert cuzk[0].startswith("cuzk-daemon: started") and cuzk[-1] == "cuzk-daemon: stopping on SIGTERM"
+    assert detail["logs"]["cuzk"]["gaps"] == [] and detail["logs"]["curio"]["complete"] is True
+
+
+def test_entrypoint_failed_benchmark_exits_with_its_code_after_the_evidence(server_process, tmp_path):
+    server = server_process("--policy-interval", "0").start()
+    proc = subprocess.run(["bash", str(ENTRYPOINT)], env=entrypoint_env(server, tmp_path, STANDIN_BENCH="oom"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "benchmark.sh exited with error" in proc.stdout + proc.stderr
+    detail = get(server, "/api/v1/instances/C.32733029")
+    assert "running" not in [e["kind"] for e in detail["events"]]
+    assert detail["bench"]["exit_code"] == 1 and "out of memory" in detail["bench"]["failure_excerpt"]
+    assert detail["logs"]["benchdaemon"]["complete"] is True
+
+
+def test_entrypoint_stops_when_the_parameter_fetch_fails(server_process, tmp_path):
+    server = server_process("--policy-interval", "0").start()
+    proc = subprocess.run(["bash", str(ENTRYPOINT)], env=entrypoint_env(server, tmp_path, STANDIN_PARAMS_EXIT="3"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3
+    kinds = [e["kind"] for e in get(server, "/api/v1/instances/C.32733029")["events"]]
+    assert kinds == ["registered", "logs_complete"]  # the setup output is complete; no params_done, no benchmark
+    setup = get(server, "/api/v1/instances/C.32733029/logs?source=setup")["lines"]
+    assert len(setup) == 2  # the failed fetch's output is stored all the same
+
+
+def test_entrypoint_passes_shellcheck():
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        if os.environ.get("CI"):
+            pytest.fail("shellcheck is missing (.ci/run installs Debian's shellcheck)")
+        pytest.skip("shellcheck not installed")
+    proc = subprocess.run([shellcheck, "--severity=style", str(ENTRYPOINT), *SCRIPTS.glob("standin_*.sh")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def _compose() -> dict:
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+def test_compose_references_existing_files_and_the_servers_ports():
+    compose = _compose()
+    services = compose["services"]
+    assert set(services) == {"ingest", "prometheus", "grafana"}
+    ingest = services["ingest"]
+    build = ingest["build"]
+    assert (DOCKER / build["context"] / build["dockerfile"]).is_file()
+    defaults = Settings()
+    assert f"{defaults.port}:{defaults.port}" in ingest["ports"] and f"{defaults.otlp_grpc_port}:{defaults.otlp_grpc_port}" in ingest["ports"]
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                if source.endswith("read-token"):
+                    continue  # a secret the operator writes, ignored by git
+                assert (DOCKER / source).exists(), volume
+            else:
+                assert source in compose["volumes"], volume
+    settings = {f"FLEETLOG_{f.name.upper()}" for f in dataclasses.fields(Settings)}
+    assert set(ingest["environment"]) <= settings
+
+
+def test_prometheus_and_grafana_in_compose_point_at_the_ingest_service():
+    prometheus = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
+    [job] = prometheus["scrape_configs"]
+    assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"] == [f"ingest:{Settings().port}"]
+    ours = yaml.safe_load((DOCKER / "grafana" / "datasources.yaml").read_text())["datasources"]
+    theirs = yaml.safe_load((REPO / "dashboards" / "provisioning" / "datasources" / "fleetlog.yaml").read_text())["datasources"]
+    assert {(d["uid"], d["type"]) for d in ours} == {(d["uid"], d["type"]) for d in theirs}
+    assert {d["url"] for d in ours} == {"http://prometheus:9090", f"http://ingest:{Settings().port}"}
+
+
+@pytest.mark.parametrize("dockerfile", ["ingest.Dockerfile", "agent.Dockerfile"])
+def test_dockerfiles_copy_what_exists_and_set_real_settings(dockerfile):
+    text = (DOCKER / dockerfile).read_text()
+    for line in text.splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (REPO / source).exists(), line
+    settings = {f"FLEETLOG_{f.name.upper()}" for f in dataclasses.fields(Settings)}
+    for name in re.findall(r"\b(FLEETLOG_[A-Z_]+)=", text):
+        assert name in settings or name.startswith("FLEETLOG_AGENT_"), name
+    assert re.search(r"^FROM ", text, re.MULTILINE) and re.search(r"^ENTRYPOINT \[", text, re.MULTILINE)
+
+
+def test_agent_image_carries_no_server():
+    text = (DOCKER / "agent.Dockerfile").read_text()
+    assert "duckdb" not in text.lower() or "no duckdb" in text.lower()
+    assert "--no-deps" in text and "rm -rf /opt/fleetlog/ingest" in text
+    agent_sources = "\n".join(p.read_text() for p in (REPO / "agent").glob("*.py"))
+    assert not re.search(r"^\s*(from|import)\s+(ingest|duckdb)\b", agent_sources, re.MULTILINE)
