@@ -17,7 +17,8 @@ import orjson
 from ingest.errors import BadRequest
 
 EVENT_KINDS = frozenset(
-    {"registered", "params_done", "bench_started", "bench_done", "logs_complete", "running", "killed"}
+    {"registered", "params_done", "bench_started", "bench_done", "logs_complete", "running", "killed",
+     "gpu_state"}
 )
 MAX_ID_CHARS = 256
 MAX_TS_US = 253402300799_000000  # 9999-12-31
