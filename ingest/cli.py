@@ -3,6 +3,7 @@
     fleetlog serve [settings...]                 run the server
     fleetlog policy run [--once] [--execute]     run the lifecycle rules (dry run unless --execute)
     fleetlog query SQL | --file queries/X.sql    ask the stored data (read-only)
+    fleetlog demo [--server URL]                 push a simulated fleet through the real agent
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -54,6 +56,15 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--server", help="URL of a running fleetlog server (it holds the database)")
     query.add_argument("--db", help="the database file, when no server holds it (default ./var/fleetlog.duckdb)")
     query.add_argument("--min-rate", type=float, default=None, help="the $min_rate to use (default the server's)")
+
+    demo = commands.add_parser(
+        "demo",
+        help="push a simulated fleet (healthy, slow, OOM, GPU lost, network failure) into a running server",
+        description="Runs the real fleetlog-agent for six simulated instances against --server, then the policies.",
+    )
+    demo.add_argument("--server", default="http://127.0.0.1:8080", help="the running server (default %(default)s)")
+    demo.add_argument("--token", default=None, help="admin token when the server has tokens on (env FLEETLOG_TOKEN)")
+    demo.add_argument("--keep", action="store_true", help="keep the generated scripts and agent logs")
     return parser
 
 
@@ -267,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         return policy_run(args)
     if command == "query":
         return query(args)
+    if command == "demo":
+        from ingest import demo
+
+        return demo.run(args["server"], args["token"] or os.environ.get("FLEETLOG_TOKEN"), args["keep"])
     return 2
 
 

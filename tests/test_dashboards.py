@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -381,6 +382,10 @@ async def test_every_dashboard_query_returns_data(server_process, prometheus, tm
         await until(deadline, "Prometheus scraping the server", scraped, tmp_path / "prometheus.log")
 
         await load_demo(api)
+        demo = await asyncio.to_thread(  # the simulated fleet, through the real agent
+            subprocess.run, [sys.executable, "-m", "ingest.cli", "demo", "--server", server.url],
+            capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert demo.returncode == 0, demo.stdout + demo.stderr
         await overload(api)
         n = 0
 
@@ -415,7 +420,7 @@ async def test_every_dashboard_query_returns_data(server_process, prometheus, tm
         values = dict(BUILTINS)
         variable = next(q for f, title, q in queries if title == "$instance_id")
         instances = [row["instance_id"] for row in await run_infinity_query(api, variable, values)]
-        assert {"C.32733029", "C.31", "C.40"} <= set(instances), instances
+        assert {"C.32733029", "C.31", "C.40", "C.91000004"} <= set(instances), instances
         values["instance_id"] = "C.32733029"
         for f, title, query in queries:
             try:

@@ -1,0 +1,47 @@
+"""`fleetlog demo`: a newcomer's populated fleet, through the real agent, against the real server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+
+import orjson
+
+from tests.conftest import REPO
+
+
+def query(server, sql: str) -> list[list]:
+    request = urllib.request.Request(server.url + "/api/v1/query", data=orjson.dumps({"sql": sql}), method="POST")
+    with urllib.request.urlopen(request) as r:
+        return orjson.loads(r.read())["rows"]
+
+
+def test_demo_pushes_a_fleet_with_every_kind_of_outcome(server_process):
+    server = server_process("--policy-interval", "0").start()
+    proc = subprocess.run([sys.executable, "-m", "ingest.cli", "demo", "--server", server.url],
+                          capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "policies: 7 new decisions, 3 failures classified" in proc.stdout
+    runs = query(server, "SELECT instance_id, exit_code, rate_per_hour, failure_class FROM bench_runs ORDER BY 1")
+    assert runs == [
+        ["C.91000001", 0, 44.1, None], ["C.91000002", 0, 31.5, None], ["C.91000003", 0, 12.4, None],
+        ["C.91000004", 1, None, "oom"], ["C.91000005", 2, None, "gpu_lost"], ["C.91000006", 1, None, "network"],
+    ]
+    states = dict(query(server, "SELECT instance_id, state FROM instance_state"))
+    assert states["C.91000001"] == "running" and states["C.91000004"] == "bench_done"
+    # every instance's logs arrived complete, through the agent
+    incomplete = query(server, "SELECT count(*) FROM (" + (REPO / "queries" / "incomplete_logs.sql").read_text() + ")")
+    assert incomplete == [[0]]
+    sources = query(server, "SELECT DISTINCT source FROM logs ORDER BY 1")
+    assert sources == [["benchdaemon"], ["benchout"], ["setup"]]
+    gpu = query(server, "SELECT count(DISTINCT instance_id) FROM metrics WHERE name = 'DCGM_FI_DEV_GPU_UTIL'")
+    assert gpu == [[6]]
+    destroys = query(server, "SELECT subject FROM decisions WHERE action = 'destroy' ORDER BY 1")
+    assert destroys == [["C.91000003"], ["C.91000004"], ["C.91000005"], ["C.91000006"]]
+
+
+def test_demo_without_a_server_says_how_to_start_one():
+    proc = subprocess.run([sys.executable, "-m", "ingest.cli", "demo", "--server", "http://127.0.0.1:9"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 1 and "make run" in proc.stderr
