@@ -8,7 +8,9 @@
 # Settings (environment):
 #   FLEETLOG_SERVER            the fleetlog server, e.g. http://10.0.0.2:8080 (required)
 #   FLEETLOG_INSTANCE_ID       default C.$CONTAINER_ID (vast.ai sets CONTAINER_ID)
-#   FLEETLOG_TOKEN             the enrollment token (or this instance's own token) when tokens are on
+#   FLEETLOG_ENROLL_TOKEN      the fleet's enrollment token, when the server has tokens on: the first
+#                              agent registers with it and keeps the instance's own token (0600) in
+#                              FLEETLOG_AGENT_TOKEN_FILE (default /var/tmp/fleetlog-agent.token) for all
 #   FLEETLOG_MACHINE_ID, FLEETLOG_HOST_ID, FLEETLOG_DPH, FLEETLOG_LOCATION   identity for 'registered'
 #   FLEETLOG_STATE_DIR         the agents' state and spools (default /var/tmp/fleetlog)
 #   FLEETLOG_PARAMS_CMD        parameter fetch (default /opt/proving/fetch-params.sh)

@@ -195,3 +195,20 @@ def test_agent_image_carries_no_server():
     assert "--no-deps" in text and "rm -rf /opt/fleetlog/ingest" in text
     agent_sources = "\n".join(p.read_text() for p in (REPO / "agent").glob("*.py"))
     assert not re.search(r"^\s*(from|import)\s+(ingest|duckdb)\b", agent_sources, re.MULTILINE)
+
+
+def test_entrypoint_with_tokens_on_enrolls_once_and_pushes_with_the_instance_token(server_process, tmp_path):
+    server = server_process("--policy-interval", "0", "--enroll-token", "fleet-enroll", "--read-token", "fleet-read",
+                            "--admin-token", "fleet-admin").start()
+    env = entrypoint_env(server, tmp_path, STANDIN_BENCH="oom", FLEETLOG_ENROLL_TOKEN="fleet-enroll",
+                         FLEETLOG_AGENT_TOKEN_FILE=str(tmp_path / "instance.token"))
+    proc = subprocess.run(["bash", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    request = urllib.request.Request(server.url + "/api/v1/instances/C.32733029",
+                                     headers={"Authorization": "Bearer fleet-read"})
+    with urllib.request.urlopen(request) as r:
+        detail = orjson.loads(r.read())
+    assert [e["kind"] for e in detail["events"]].count("registered") == 1
+    assert detail["bench"]["exit_code"] == 1 and detail["logs"]["benchdaemon"]["complete"] is True
+    assert (tmp_path / "instance.token").stat().st_mode & 0o777 == 0o600
+    assert "fleet-enroll" not in proc.stdout + proc.stderr
