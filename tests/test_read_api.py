@@ -208,3 +208,22 @@ async def test_instance_list_carries_failure_class_and_log_completeness(client):
     [row] = (await get_json(client, "/api/v1/instances"))["instances"]
     assert row["exit_code"] is None and row["rate_per_hour"] is None  # the latest run, not the last finished one
     assert row["logs"] == {"sources": 2, "incomplete": ["benchdaemon"]}
+
+
+async def test_follow_streams_new_lines_as_they_are_stored(client):
+    import asyncio
+
+    await push_lines(client, 3)
+    response = await client.get("/api/v1/instances/C.32733029/logs?source=benchdaemon&tail=2&follow=1")
+    assert response.status == 200 and response.headers["Content-Type"] == "application/x-ndjson"
+    first = [orjson.loads(await response.content.readline()) for _ in range(2)]
+    assert [l["seq"] for l in first] == [1, 2]
+    await push_lines(client, 2, start=3, text="new")
+    later = [orjson.loads(await asyncio.wait_for(response.content.readline(), 10)) for _ in range(2)]
+    assert [(l["seq"], l["line"]) for l in later] == [(3, "new 3"), (4, "new 4")]
+    response.close()
+
+
+async def test_follow_without_source_is_400(client):
+    body = await get_json(client, "/api/v1/instances/C.1/logs?follow=1", status=400)
+    assert "follow" in body["error"]

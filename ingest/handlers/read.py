@@ -10,10 +10,12 @@ from aiohttp import web
 from ingest import reads
 from ingest.codec import ts_to_iso
 from ingest.errors import BadRequest, NotFound
-from ingest.handlers.http import json_response
+from ingest.handlers.http import dumps, json_response
 from ingest.keys import DB, INDEX, METRICS, SETTINGS, TAIL
 
 MAX_TAIL = 10_000
+FOLLOW_POLL_S = 0.5  # how often a follow=1 stream looks for new lines
+FOLLOW_MAX_S = 600.0  # a follow=1 stream ends after this long; the client reconnects with after_seq
 
 
 async def run_read(request: web.Request, api: str, fn, *args, **kwargs):
@@ -107,6 +109,35 @@ async def get_logs(request: web.Request) -> web.Response:
             request, "logs", reads.read_logs, instance_id,
             source=source, run_id=run_id, tail=tail, after_seq=after_seq, before_seq=before_seq, q=q,
         )
-    return json_response(
-        {"lines": [{"source": s, "run_id": r, "seq": seq, "ts": ts_to_iso(ts), "line": line} for s, r, seq, ts, line in rows]}
-    )
+    if request.query.get("follow") == "1":
+        if source is None:
+            raise BadRequest("follow: needs source=")
+        return await _follow(request, instance_id, source, run_id, q, rows)
+    return json_response({"lines": [_line(row) for row in rows]})
+
+
+def _line(row: tuple) -> dict:
+    s, r, seq, ts, line = row
+    return {"source": s, "run_id": r, "seq": seq, "ts": ts_to_iso(ts), "line": line}
+
+
+async def _follow(request: web.Request, instance_id: str, source: str, run_id: str | None, q: str | None,
+                  rows: list[tuple]) -> web.StreamResponse:
+    """``follow=1``: the lines asked for, then every new one as it is stored, one JSON object a line
+    (NDJSON), for at most FOLLOW_MAX_S; new lines are those after the last (run_id, seq) sent."""
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
+    await response.prepare(request)
+    last = rows[-1][1:3] if rows else None
+    await response.write(b"".join(dumps(_line(row)) + b"\n" for row in rows))
+    deadline = time.monotonic() + FOLLOW_MAX_S
+    while time.monotonic() < deadline:
+        await asyncio.sleep(FOLLOW_POLL_S)
+        new = await run_read(
+            request, "logs", reads.read_logs, instance_id, source=source, run_id=run_id or (last[0] if last else None),
+            tail=MAX_TAIL, after_seq=last[1] if last else -1, before_seq=None, q=q,
+        )
+        if new:
+            last = new[-1][1:3]
+            await response.write(b"".join(dumps(_line(row)) + b"\n" for row in new))
+    await response.write_eof()
+    return response
