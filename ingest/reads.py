@@ -164,6 +164,32 @@ def check_select(sql: str) -> None:
         raise QueryError(f"sql: only SELECT is allowed, got {statements[0].type.name}")
 
 
+def run_select_arrow(con, sql: str, timeout_s: float, max_rows: int, params: dict[str, Any] | None = None
+                     ) -> tuple[bytes, bool]:
+    """Run a checked SELECT; returns (an Arrow IPC stream of at most ``max_rows`` rows, truncated)."""
+    import pyarrow as pa
+
+    check_select(sql)
+    with deadline_cursor(con, timeout_s) as cur:
+        try:
+            reader = cur.sql(sql, params=params or None).to_arrow_reader(batch_size=min(max_rows + 1, 100_000))
+        except duckdb.InterruptException:
+            raise
+        except duckdb.Error as e:
+            raise QueryError(f"sql: {type(e).__name__}: {e}") from e
+        batches, rows = [], 0
+        for batch in reader:
+            batches.append(batch)
+            rows += batch.num_rows
+            if rows > max_rows:
+                break
+    table = pa.Table.from_batches(batches, schema=reader.schema).slice(0, max_rows)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes(), rows > max_rows
+
+
 def run_select(con, sql: str, timeout_s: float, max_rows: int, params: dict[str, Any] | None = None
                ) -> tuple[list[str], list[tuple], bool]:
     """Run a checked SELECT; returns (columns, rows, truncated)."""

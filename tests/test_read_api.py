@@ -227,3 +227,17 @@ async def test_follow_streams_new_lines_as_they_are_stored(client):
 async def test_follow_without_source_is_400(client):
     body = await get_json(client, "/api/v1/instances/C.1/logs?follow=1", status=400)
     assert "follow" in body["error"]
+
+
+async def test_query_api_answers_arrow_ipc(make_client):
+    import pyarrow as pa
+
+    client = await make_client(query_max_rows=5)
+    await push_lines(client, 20)
+    r = await client.post("/api/v1/query?format=arrow", data=orjson.dumps({"sql": "SELECT seq, line FROM logs ORDER BY seq"}))
+    assert r.status == 200 and r.headers["Content-Type"] == "application/vnd.apache.arrow.stream"
+    table = pa.ipc.open_stream(await r.read()).read_all()
+    assert table.column_names == ["seq", "line"] and table.column("seq").to_pylist() == [0, 1, 2, 3, 4]
+    assert r.headers["X-Fleetlog-Truncated"] == "1"
+    r = await client.post("/api/v1/query?format=arrow", data=orjson.dumps({"sql": "COPY logs TO 'x.csv'"}))
+    assert r.status == 400

@@ -1,4 +1,4 @@
-"""``POST /api/v1/query``: one read-only SELECT → columns and rows (JSON or CSV)."""
+"""``POST /api/v1/query``: one read-only SELECT → columns and rows (JSON, CSV or an Arrow IPC stream)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,14 @@ def _run(con, timeout_s: float, sql: str, max_rows: int, params: dict):
     return reads.run_select(con, sql, timeout_s, max_rows, params)
 
 
+def _run_arrow(con, timeout_s: float, sql: str, max_rows: int, params: dict):
+    return reads.run_select_arrow(con, sql, timeout_s, max_rows, params)
+
+
 async def post_query(request: web.Request) -> web.Response:
     fmt = request.query.get("format", "json")
-    if fmt not in ("json", "csv"):
-        raise BadRequest(f"format: expected json or csv, got {fmt[:20]!r}")
+    if fmt not in ("json", "csv", "arrow"):
+        raise BadRequest(f"format: expected json, csv or arrow, got {fmt[:20]!r}")
     doc = codec.decode_json(await read_body(request, MAX_QUERY_BODY_BYTES))
     sql = doc.get("sql") if isinstance(doc, dict) else None
     if not isinstance(sql, str) or not sql.strip():
@@ -35,6 +39,10 @@ async def post_query(request: web.Request) -> web.Response:
         raise BadRequest("params: expected an object of names to strings or numbers")
     settings = request.app[SETTINGS]
     params = queryfiles.bind(sql, given, {"now": utcnow(), "min_rate": settings.min_rate})
+    if fmt == "arrow":
+        body, truncated = await run_read(request, "sql", _run_arrow, sql, settings.query_max_rows, params)
+        headers = {"X-Fleetlog-Truncated": "1"} if truncated else None
+        return web.Response(body=body, content_type="application/vnd.apache.arrow.stream", headers=headers)
     columns, rows, truncated = await run_read(request, "sql", _run, sql, settings.query_max_rows, params)
     headers = {"X-Fleetlog-Truncated": "1"} if truncated else None
     if fmt == "csv":
