@@ -164,19 +164,25 @@ def check_select(sql: str) -> None:
         raise QueryError(f"sql: only SELECT is allowed, got {statements[0].type.name}")
 
 
+@contextmanager
+def _refused_as_query_error() -> Iterator[None]:
+    """DuckDB's refusal of a query (not its interruption at the deadline) is the client's error."""
+    try:
+        yield
+    except duckdb.InterruptException:
+        raise
+    except duckdb.Error as e:
+        raise QueryError(f"sql: {type(e).__name__}: {e}") from e
+
+
 def run_select_arrow(con, sql: str, timeout_s: float, max_rows: int, params: dict[str, Any] | None = None
                      ) -> tuple[bytes, bool]:
     """Run a checked SELECT; returns (an Arrow IPC stream of at most ``max_rows`` rows, truncated)."""
     import pyarrow as pa
 
     check_select(sql)
-    with deadline_cursor(con, timeout_s) as cur:
-        try:
-            reader = cur.sql(sql, params=params or None).to_arrow_reader(batch_size=min(max_rows + 1, 100_000))
-        except duckdb.InterruptException:
-            raise
-        except duckdb.Error as e:
-            raise QueryError(f"sql: {type(e).__name__}: {e}") from e
+    with deadline_cursor(con, timeout_s) as cur, _refused_as_query_error():
+        reader = cur.sql(sql, params=params or None).to_arrow_reader(batch_size=min(max_rows + 1, 100_000))
         batches, rows = [], 0
         for batch in reader:
             batches.append(batch)
@@ -194,13 +200,8 @@ def run_select(con, sql: str, timeout_s: float, max_rows: int, params: dict[str,
                ) -> tuple[list[str], list[tuple], bool]:
     """Run a checked SELECT; returns (columns, rows, truncated)."""
     check_select(sql)
-    with deadline_cursor(con, timeout_s) as cur:
-        try:
-            cur.execute(sql, params or None)
-        except duckdb.InterruptException:
-            raise
-        except duckdb.Error as e:
-            raise QueryError(f"sql: {type(e).__name__}: {e}") from e
+    with deadline_cursor(con, timeout_s) as cur, _refused_as_query_error():
+        cur.execute(sql, params or None)
         columns = [d[0] for d in cur.description]
         rows = cur.fetchmany(max_rows + 1)
     return columns, rows[:max_rows], len(rows) > max_rows
