@@ -22,6 +22,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/ingest_throughput.py
 	$(BIN)/python bench/tail_latency.py
 	$(BIN)/python bench/agent_cost.py
+	$(BIN)/python bench/gpu_sampling.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -22,8 +22,9 @@ from typing import Any, Callable
 import orjson
 
 from agent import gpu
-from agent.config import Invocation
+from agent.config import AgentSettings, Invocation
 from agent.echo import Echo
+from agent.gpuexport import GpuTelemetry, default_endpoint, same_origin
 from agent.recorder import Recorder
 from agent.result import Evidence
 from agent.runner import Command, CommandResult
@@ -154,7 +155,37 @@ def _close_abandoned(rec: Recorder) -> None:
     rec.save_state()
 
 
-async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals) -> int:
+def _start_gpu(rec: Recorder, s: AgentSettings) -> GpuTelemetry | None:
+    """GPU telemetry beside the logs (None when off). Its ``gpu_state`` events go through the spool."""
+    if not s.gpu_interval_s:
+        return None
+    assert rec.client is not None
+    endpoint = s.otlp_endpoint or default_endpoint(s.server)
+    credentials = rec.client.credentials
+    try:
+        telemetry = GpuTelemetry.start(
+            nvml_spec=s.nvml_module, instance_id=s.instance_id, interval_s=s.gpu_interval_s, timeout_s=s.otlp_timeout_s,
+            endpoint=endpoint, machine_id=s.machine_id, token=credentials.current if same_origin(endpoint, s.server) else None,
+        )
+    except Exception:  # GPU telemetry is never a reason not to ship the logs
+        logger.exception("GPU telemetry could not start; shipping the logs without it")
+        return None
+    rec.feed_events(telemetry.take_events)
+    return telemetry
+
+
+async def _stop_gpu(rec: Recorder, telemetry: GpuTelemetry | None) -> None:
+    """The last sample and the final export, then its events into the spool (before bench_done)."""
+    if telemetry is None:
+        return
+    try:
+        await telemetry.close()
+    except Exception:
+        logger.exception("stopping GPU telemetry failed")
+    rec.take_fed_events()
+
+
+async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals, telemetry: GpuTelemetry | None = None) -> int:
     """Ship the command's output and the tailed logs until it exits, then report it."""
     run_dir = os.path.dirname(command.status_path)
     source = run["source"]
@@ -175,6 +206,7 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
     rec.finish_reading()
     for echo in echoes:
         echo.close()
+    await _stop_gpu(rec, telemetry)  # what the GPU did up to the end is stored before bench_done
     exit_code = result.exit_code
     if run.get("bench"):
         done: dict[str, Any] = {"duration_s": round(command.duration_s, 3), "failure_excerpt": rec.evidence.excerpt()}
@@ -206,12 +238,12 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
     return 1 if exit_code is None else exit_code
 
 
-async def _adopt(rec: Recorder, signals: Signals) -> int:
+async def _adopt(rec: Recorder, signals: Signals, telemetry: GpuTelemetry | None = None) -> int:
     run = rec.state.run
     command = Command.adopt(run["command"])
     state = "still running" if command.running else "already ended"
     say(f"resuming run {run['run_id']}: its command (reaper pid {command.reaper_pid}) {state}; not starting another")
-    return await _complete(rec, run, command, signals)
+    return await _complete(rec, run, command, signals, telemetry)
 
 
 async def run_command(inv: Invocation) -> int:
@@ -222,10 +254,13 @@ async def run_command(inv: Invocation) -> int:
     await rec.open(registration)
     signals = Signals(rec.wake)
     signals.install()
+    telemetry = None
+    gpu_telemetry = inv.command == "run"
     try:
         prev = rec.state.run
         if prev and not prev.get("finished") and prev.get("command"):
-            code = await _adopt(rec, signals)
+            telemetry = _start_gpu(rec, s) if gpu_telemetry else None
+            code = await _adopt(rec, signals, telemetry)
         else:
             if prev and not prev.get("finished"):
                 _close_abandoned(rec)
@@ -238,13 +273,15 @@ async def run_command(inv: Invocation) -> int:
             command = Command(list(inv.argv), os.path.join(run_dir, "status"), os.path.join(run_dir, "stdout"), os.path.join(run_dir, "stderr"))
             run["command"] = command.info()  # saved before it starts: a restart never starts it twice
             rec.save_state()
+            telemetry = _start_gpu(rec, s) if gpu_telemetry else None  # its gpu_state events come after bench_started
             command.start()
             run["command"] = command.info()
             rec.save_state()
-            code = await _complete(rec, run, command, signals)
+            code = await _complete(rec, run, command, signals, telemetry)
         await _flush(rec, signals, s.flush_timeout_s)
         return code
     finally:
+        await _stop_gpu(rec, telemetry)
         signals.uninstall()
         await rec.close()
 
@@ -256,6 +293,7 @@ async def tail_command(inv: Invocation) -> int:
     stop = asyncio.Event()
     signals = Signals(lambda: (stop.set(), rec.wake()))
     signals.install()
+    telemetry = _start_gpu(rec, s)
     try:
         prev = rec.state.run
         if prev and not prev.get("finished") and prev.get("command"):
@@ -276,9 +314,11 @@ async def tail_command(inv: Invocation) -> int:
         rec.logs_complete([t[0] for t in s.tails])
         rec.state.run["finished"] = True
         rec.save_state()
+        await _stop_gpu(rec, telemetry)  # the last sample; logs_complete is on its way meanwhile
         await _flush(rec, signals, s.flush_timeout_s)
         return 0
     finally:
+        await _stop_gpu(rec, telemetry)
         signals.uninstall()
         await rec.close()
 

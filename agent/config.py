@@ -28,18 +28,20 @@ ALL = COMMANDS
 TAILING = ("run", "wrap", "tail")
 WRAPPING = ("run", "wrap")
 BENCH = ("run",)
+GPU = ("run", "tail")  # the benchmark, and the proving daemon's phase
 EVENT_KINDS = ("registered", "params_done", "bench_started", "bench_done", "logs_complete", "running", "killed")
 DEFAULT_SPOOL = "/var/tmp/fleetlog-agent"
 DEFAULT_TOKEN_FILE = "/var/tmp/fleetlog-agent.token"
 EVENT_FLUSH_TIMEOUT_S = 30.0
+MIN_GPU_INTERVAL_S = 0.05
 
 
 class ConfigError(Exception):
     """A setting that does not parse; the message names the flag or variable."""
 
 
-def _setting(default: Any, help: str, *, env: str | None = None, commands: tuple[str, ...] = ALL, minimum: float | None = None, metavar: str | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "env": env, "commands": commands, "minimum": minimum, "metavar": metavar})
+def _setting(default: Any, help: str, *, env: str | None = None, commands: tuple[str, ...] = ALL, minimum: float | None = None, metavar: str | None = None, hidden: bool = False) -> Any:
+    return field(default=default, metadata={"help": help, "env": env, "commands": commands, "minimum": minimum, "metavar": metavar, "hidden": hidden})
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class AgentSettings:
     done_event: str | None = _setting(None, "event sent after the command succeeded and its lines are stored, e.g. params_done", commands=("wrap",), metavar="KIND")
     # the benchmark
     rate_regex: str = _setting(DEFAULT_RATE_REGEX, "pattern of the rate line; its group 'rate' (or first group) is the number, last match wins", commands=BENCH, metavar="RE")
-    machine_id: int | None = _setting(None, "vast.ai machine id (reported in 'registered')", env="FLEETLOG_MACHINE_ID", commands=BENCH, minimum=0)
+    machine_id: int | None = _setting(None, "vast.ai machine id (reported in 'registered', and a label of the GPU metrics)", env="FLEETLOG_MACHINE_ID", commands=GPU, minimum=0)
     host_id: int | None = _setting(None, "vast.ai host id", env="FLEETLOG_HOST_ID", commands=BENCH, minimum=0)
     gpu_model: str | None = _setting(None, "GPU model (default: asked of nvidia-smi when present)", env="FLEETLOG_GPU_MODEL", commands=BENCH)
     gpu_count: int | None = _setting(None, "number of GPUs (default: asked of nvidia-smi when present)", env="FLEETLOG_GPU_COUNT", commands=BENCH, minimum=0)
@@ -81,6 +83,11 @@ class AgentSettings:
     concurrency: int | None = _setting(None, "the benchmark's concurrency", commands=BENCH, minimum=0)
     partition_workers: int | None = _setting(None, "the benchmark's partition workers", commands=BENCH, minimum=0)
     register: bool = _setting(True, "send 'registered' before the benchmark", commands=BENCH)
+    # GPU telemetry
+    gpu_interval_s: float = _setting(5.0, "sample every GPU through NVML this often and export it over OTLP; 0 turns GPU telemetry off", commands=GPU, minimum=0, metavar="S")
+    otlp_endpoint: str | None = _setting(None, "OTLP/HTTP metrics endpoint the GPU samples go to, any OpenTelemetry backend (default: SERVER/v1/metrics)", commands=GPU, metavar="URL")
+    otlp_timeout_s: float = _setting(10.0, "an OTLP export gives up after this long; so does the final flush before bench_done", commands=GPU, minimum=0.1, metavar="S")
+    nvml_module: str | None = _setting(None, "testing seam: import this instead of pynvml: package.module or /path/file.py, with :attribute for an object in it", commands=GPU, metavar="MODULE", hidden=True)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -105,6 +112,10 @@ class AgentSettings:
             if source in seen or source == self.source:
                 raise ConfigError(f"--tail: source {source!r} is given twice")
             seen.add(source)
+        if 0 < self.gpu_interval_s < MIN_GPU_INTERVAL_S:
+            raise ConfigError(f"--gpu-interval-s: expected 0 (off) or at least {MIN_GPU_INTERVAL_S}, got {self.gpu_interval_s!r}")
+        if self.otlp_endpoint is not None and not re.match(r"^https?://[^/]", self.otlp_endpoint):
+            raise ConfigError(f"--otlp-endpoint: expected an http:// or https:// URL, got {self.otlp_endpoint!r}")
         if self.done_event is not None and self.done_event not in EVENT_KINDS:
             raise ConfigError(f"--done-event: expected one of {', '.join(EVENT_KINDS)}, got {self.done_event!r}")
 
@@ -198,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         for f in dataclasses.fields(AgentSettings):
             if command not in f.metadata["commands"]:
                 continue
-            text = f"{f.metadata['help']} (env {_env_name(f)}; default {f.default!r})"
+            text = argparse.SUPPRESS if f.metadata["hidden"] else f"{f.metadata['help']} (env {_env_name(f)}; default {f.default!r})"
             if f.name == "tails":
                 p.add_argument("--tail", dest="tails", action="append", metavar=f.metadata["metavar"], help=text)
             elif f.type == "bool":

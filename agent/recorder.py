@@ -66,6 +66,7 @@ class Recorder:
         self._last_inbox = 0.0
         self._drops_to_report = False
         self.dropped_by_reason: dict[tuple[str, str], int] = {}
+        self._event_feeds: list[Callable[[], list[dict[str, Any]]]] = []
 
     # ---- lifetime ---------------------------------------------------------------------------
 
@@ -176,6 +177,7 @@ class Recorder:
                 continue
             more = more or t.tailer.more
         self.collector.flush()
+        self.take_fed_events()
         mono = time.monotonic()
         if mono - self._last_inbox >= INBOX_CHECK_INTERVAL_S:
             self.check_inbox()
@@ -203,6 +205,7 @@ class Recorder:
         for t in self._tails:
             self._take(t, t.tailer.finish(), now)
         self.collector.flush(force=True)
+        self.take_fed_events()
         self.check_inbox()
         self.save_state()
 
@@ -243,6 +246,18 @@ class Recorder:
             dropped_lines={s: n for s, n in self.state.dropped.items() if n},
             **({"dropped_events": self.state.dropped_events} if self.state.dropped_events else {}),
         )
+
+    def feed_events(self, take: Callable[[], list[dict[str, Any]]]) -> None:
+        """Events made on another thread (the GPU sampler's ``gpu_state``): ``take()`` returns the
+        bodies not taken yet ({"kind", "ts", ...}); they are spooled at every poll, in order."""
+        self._event_feeds.append(take)
+
+    def take_fed_events(self) -> None:
+        for take in self._event_feeds:
+            for body in take():
+                fields = dict(body)
+                kind, ts = fields.pop("kind"), fields.pop("ts", None)
+                self.event(kind, ts=ts, **fields)
 
     def check_inbox(self) -> None:
         """Events that ``fleetlog-agent event`` left while this process held the state directory."""

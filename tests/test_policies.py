@@ -323,3 +323,15 @@ async def test_metrics_expose_fleet_gauges(aiohttp_client, policy_settings):
         'fleetlog_policy_decisions{action="exclude_host",state="executed"} 1.0',
     ):
         assert line in text, line
+
+
+async def test_gpu_lost_event_from_the_agent_classifies_a_failure_without_log_evidence(aiohttp_client, policy_settings):
+    client = await aiohttp_client(create_app(policy_settings))
+    done = utcnow() - dt.timedelta(seconds=30)
+    await bench_instance(client, "C.lost", 43, done=done, exit_code=1, rate=0.0)
+    await push_lines(client, "C.lost", "benchout", ["proof 1 started"], at=done - dt.timedelta(minutes=2))
+    await post(client, "/api/v1/events", {"instance_id": "C.lost", "kind": "gpu_state", "state": "gpu_lost", "gpu": 0,
+                                           "reason": "NVML: GPU_IS_LOST", "ts": (done - dt.timedelta(seconds=5)).isoformat()})
+    await run_policies(client)
+    [(failure_class, failure_line)] = rows(client, "SELECT failure_class, failure_line FROM bench_runs")
+    assert failure_class == "gpu_lost" and "NVML: GPU_IS_LOST" in failure_line

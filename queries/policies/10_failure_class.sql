@@ -1,6 +1,6 @@
 -- rule: failure_class
 -- decides: the failure class of each failed benchmark run not yet classified, from its exit, its
---   rate and its instance's logs: oom, gpu_lost, cuda_error, timeout, network, param_fetch, signal,
+--   rate, its instance's logs and the agent's gpu_state events: oom, gpu_lost, cuda_error, timeout, network, param_fetch, signal,
 --   unknown. The first matching class in that order wins; the matching line is kept as evidence.
 -- params: none
 -- output: classify (instance_id, done_at, failure_class, failure_line), written to bench_runs
@@ -28,6 +28,12 @@ candidate_lines AS (
     UNION ALL
     SELECT f.instance_id, f.done_at, l.line
     FROM failed f JOIN logs l ON l.instance_id = f.instance_id AND l.ts <= f.done_at + INTERVAL 1 MINUTE
+    UNION ALL
+    -- the agent's NVML watch: a gpu_state event saying the GPU was lost
+    SELECT f.instance_id, f.done_at,
+           'gpu_state: GPU is lost (' || coalesce(json_extract_string(e.body, '$.reason'), 'no reason given') || ')'
+    FROM failed f JOIN events e ON e.instance_id = f.instance_id AND e.kind = 'gpu_state'
+         AND json_extract_string(e.body, '$.state') = 'gpu_lost' AND e.ts <= f.done_at + INTERVAL 1 MINUTE
 ),
 matches AS (
     SELECT c.instance_id, c.done_at, p.failure_class, p.priority, c.line
