@@ -8,12 +8,11 @@ import logging
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from ingest import otlpgrpc
 from ingest.auth import InstanceRateLimiter, TokenBook, build_auth_middleware
 from ingest.config import Settings
 from ingest.core import Core
-from ingest import otlpgrpc
-from ingest.handlers import health, hosts, otlp, push, query, read
-from ingest.handlers import page
+from ingest.handlers import health, hosts, otlp, page, push, query, read
 from ingest.handlers.http import build_error_middleware
 from ingest.keys import CORE, DB, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
 from ingest.observe import IngestMetrics
@@ -23,7 +22,11 @@ logger = logging.getLogger(__name__)
 
 async def _core(app: web.Application) -> None:
     core = Core.open(app[SETTINGS], app[METRICS])
-    app[TOKENS].load(core.reader.cursor())
+    cursor = core.reader.cursor()
+    try:
+        app[TOKENS].load(cursor)
+    finally:
+        cursor.close()
     app[CORE] = core
     app[DB], app[INDEX], app[TAIL], app[WRITER] = core.reader, core.index, core.tail, core.writer
     yield

@@ -40,7 +40,9 @@ class Core:
         hosts_sql = compose(settings.queries_path / "hosts.sql", settings.queries_path)
         con = store.open_database(settings.db)
         index = StreamIndex()
-        index.load(con.cursor())
+        cursor = con.cursor()
+        index.load(cursor)
+        cursor.close()
         tail = TailCache(settings.tail_cache_lines, settings.tail_cache_max_streams)
         writer = Writer(
             con, index, tail, metrics,
