@@ -58,18 +58,9 @@ class FleetCollector(Collector):
         for state, n in by_state:
             g.add_metric([state], n)
         yield g
-        g = GaugeMetricFamily("fleetlog_fleet_best_rate_proofs_per_hour", "Best benchmark rate per machine",
-                              labels=["machine_id", "gpu_model"])
-        for h in hosts:
-            if h["best_rate"] is not None:
-                g.add_metric([str(h["machine_id"]), h["gpu_model"] or ""], h["best_rate"])
-        yield g
-        g = GaugeMetricFamily("fleetlog_fleet_dollars_per_proof", "Rental price per proof at the best rate, per machine",
-                              labels=["machine_id", "gpu_model"])
-        for h in hosts:
-            if h["dollars_per_proof"] is not None:
-                g.add_metric([str(h["machine_id"]), h["gpu_model"] or ""], h["dollars_per_proof"])
-        yield g
+        yield _per_machine(hosts, "best_rate", "fleetlog_fleet_best_rate_proofs_per_hour", "Best benchmark rate per machine")
+        yield _per_machine(hosts, "dollars_per_proof", "fleetlog_fleet_dollars_per_proof",
+                           "Rental price per proof at the best rate, per machine")
         yield GaugeMetricFamily("fleetlog_fleet_bad_hosts", "Machines excluded (by rule or operator)",
                                 value=sum(1 for h in hosts if h["bad"]))
         yield GaugeMetricFamily("fleetlog_fleet_eligible_hosts", "Machines an orchestrator may rent",
@@ -89,6 +80,14 @@ class FleetCollector(Collector):
         for action, state, n in decisions:
             g.add_metric([action, state], n)
         yield g
+
+
+def _per_machine(hosts: list[dict], field: str, name: str, help_text: str) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, help_text, labels=["machine_id", "gpu_model"])
+    for h in hosts:
+        if h[field] is not None:
+            g.add_metric([str(h["machine_id"]), h["gpu_model"] or ""], h[field])
+    return g
 
 
 GPU_LATEST = r"""

@@ -177,22 +177,21 @@ def convert_metrics(request: ExportMetricsServiceRequest, received_us: int) -> C
     return out
 
 
-def logs_response(converted: Converted, content_type: str) -> bytes:
-    response = ExportLogsServiceResponse()
+def _response(converted: Converted, content_type: str, response, partial_type, rejected_field: str) -> bytes:
+    """The export's reply: empty, or ``partial_success`` counting and explaining what was rejected."""
     if converted.rejected:
-        response.partial_success.CopyFrom(
-            ExportLogsPartialSuccess(rejected_log_records=converted.rejected, error_message="; ".join(converted.errors))
-        )
+        partial = partial_type(error_message="; ".join(converted.errors), **{rejected_field: converted.rejected})
+        response.partial_success.CopyFrom(partial)
     return serialize(response, content_type)
+
+
+def logs_response(converted: Converted, content_type: str) -> bytes:
+    return _response(converted, content_type, ExportLogsServiceResponse(), ExportLogsPartialSuccess, "rejected_log_records")
 
 
 def metrics_response(converted: Converted, content_type: str) -> bytes:
-    response = ExportMetricsServiceResponse()
-    if converted.rejected:
-        response.partial_success.CopyFrom(
-            ExportMetricsPartialSuccess(rejected_data_points=converted.rejected, error_message="; ".join(converted.errors))
-        )
-    return serialize(response, content_type)
+    return _response(converted, content_type, ExportMetricsServiceResponse(), ExportMetricsPartialSuccess,
+                     "rejected_data_points")
 
 
 def serialize(message, content_type: str) -> bytes:

@@ -153,9 +153,6 @@ class PolicyEngine:
         self.timeout_s = query_timeout_s
         self._lock = asyncio.Lock()  # one cycle at a time: the timer and an operator's run never overlap
 
-    def rule(self, name: str) -> Rule:
-        return next(r for r in self.rules if r.name == name)
-
     # -- one cycle -------------------------------------------------------------------------------
     async def run_cycle(self, execute: bool, now: dt.datetime | None = None) -> CycleReport:
         async with self._lock:

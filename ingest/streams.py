@@ -121,9 +121,6 @@ class StreamIndex:
             self._by_instance.setdefault(key[0], set()).add(key)
         return ranges
 
-    def known(self, key: StreamKey) -> bool:
-        return key in self._streams
-
     def has_source(self, instance_id: str, source: str) -> bool:
         """Whether any run of (instance_id, source) has stored lines."""
         return any(k[1] == source for k in self._by_instance.get(instance_id, ()))
