@@ -72,7 +72,11 @@ if [[ "$engine" == docker ]]; then export DOCKER_BUILDKIT=1; fi  # RUN --mount n
 base="${base_args[1]:-as in the Dockerfile}"
 for image in ingest agent; do
     echo "build-images: fleetlog-$image:$tag (version $version, base ${base#BASE=})"
-    "$engine" build "${format_args[@]}" "${base_args[@]}" "${secret_args[@]}" \
-        --build-arg "FLEETLOG_IMAGE_VERSION=$version" -f "docker/$image.Dockerfile" -t "fleetlog-$image:$tag" .
+    # The version as a build argument and, for podman, again as --label/--env: buildah 1.28 reuses
+    # cached layers whose build argument changed, so the Dockerfile's LABEL and ENV could be stale.
+    version_args=(--build-arg "FLEETLOG_IMAGE_VERSION=$version" --label "org.opencontainers.image.version=$version")
+    [[ "$engine" == podman && "$image" == agent ]] && version_args+=(--env "FLEETLOG_IMAGE_VERSION=$version")
+    "$engine" build "${format_args[@]}" "${base_args[@]}" "${secret_args[@]}" "${version_args[@]}" \
+        -f "docker/$image.Dockerfile" -t "fleetlog-$image:$tag" .
 done
 "$engine" images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^(localhost/)?fleetlog-(ingest|agent):' || true
