@@ -144,6 +144,17 @@ supervise() {  # NAME LOG CMD...: restart CMD whenever it exits, until we stop
     [[ -n "$child" ]] && wait "$child" 2>/dev/null
 }
 
+shutdown() {
+    say "stopping: daemons first, then the log shipper"
+    if (( ${#children[@]} )); then  # a bare wait would wait for the log shipper too
+        kill -TERM "${children[@]}" 2>/dev/null
+        wait "${children[@]}" 2>/dev/null
+    fi
+    kill -TERM "$tail_pid" 2>/dev/null
+    wait "$tail_pid"
+    exit 0
+}
+trap shutdown TERM INT  # before 'running': a stop may come as soon as the server knows
 supervise cuzk "$cuzk_log" "${daemon_cmd[@]}" &
 children+=($!)
 if (( ${#curio_cmd[@]} )); then
@@ -152,14 +163,4 @@ if (( ${#curio_cmd[@]} )); then
 fi
 agent event running || say "'running' kept in the spool"
 say "proving stack running (cuzk-daemon${curio_cmd[*]:+, curio})"
-
-shutdown() {
-    say "stopping: daemons first, then the log shipper"
-    kill -TERM "${children[@]}" 2>/dev/null
-    wait "${children[@]}" 2>/dev/null
-    kill -TERM "$tail_pid" 2>/dev/null
-    wait "$tail_pid"
-    exit 0
-}
-trap shutdown TERM INT
 wait "${children[@]}"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from playwright.sync_api import expect, sync_playwright
 
 from tests.conftest import REPO, free_port
 
@@ -29,6 +30,8 @@ pytestmark = pytest.mark.container
 SCRIPTS = REPO / "tests" / "scripts"
 TAG = "test"
 VERSION = "0.1.0+container-test"
+CHROMIUM = os.environ.get("FLEETLOG_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 TOKENS = {"enroll": "ctr-enroll-token", "read": "ctr-read-token", "admin": "ctr-admin-token"}
 BUILD_TIMEOUT_S = 1800  # a cold cache: debootstrap, apt, pip downloads; a warm one takes seconds
 
@@ -270,6 +273,20 @@ def test_an_instance_lifecycle_in_containers(fleet, images):
     assert cuzk[0].startswith("cuzk-daemon: started") and cuzk[-1] == "cuzk-daemon: stopping on SIGTERM"
     own = api.lines("C.1001", "entrypoint")
     assert "registering C.1001" in own[0] and VERSION in own[0] and "stopping: daemons first" in own[-1], own
+
+    # the page, served by the ingest image, says which image the instance ran
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install chromium (or set FLEETLOG_CHROMIUM)")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.add_init_script(f"localStorage.setItem('fleetlog.token', {TOKENS['read']!r})")
+            page.goto(api.url + "/#/instance/C.1001")
+            fact = page.locator("dl.facts div", has=page.locator("dt", has_text="image")).locator("dd")
+            expect(fact).to_have_text(VERSION, timeout=30_000)
+        finally:
+            browser.close()
 
 
 def test_a_failing_benchmark_in_containers_is_classified_and_its_destroy_proposed(fleet, images):
