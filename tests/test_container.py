@@ -74,15 +74,34 @@ def run(*args: str, timeout_s: float = 120, check: bool = True, out: Path | None
 
 
 def find_engine() -> str:
+    """The engine to use, or a skip (a failure with CI=1) that says why none can run here."""
     wanted = os.environ.get("CONTAINER_ENGINE")
     engine = wanted or next((e for e in ("podman", "docker") if shutil.which(e)), None)
     if engine is None or shutil.which(engine) is None:
         unavailable("neither podman nor docker is installed (as root, scripts/container-deps.sh installs podman)")
+    if Path(engine).name == "podman" and os.geteuid() != 0:
+        userns = Path("/proc/sys/user/max_user_namespaces")
+        if userns.exists() and userns.read_text().strip() == "0":
+            unavailable("podman as a user needs user namespaces, and user.max_user_namespaces is 0")
+        if shutil.which("newuidmap") is None:
+            unavailable("podman as a user needs newuidmap (apt-get install uidmap)")
     info = run(engine, "info", timeout_s=120, check=False)
     if info.returncode != 0:
         last = (info.stderr.strip() or info.stdout.strip()).splitlines()[-1:] or ["no output"]
         unavailable(f"{engine} cannot run containers here: {last[0]}")
     return engine
+
+
+@pytest.mark.parametrize("ci", ["", "1"])
+def test_without_a_working_engine_the_test_says_why_and_fails_in_ci(monkeypatch, tmp_path, ci):
+    broken = tmp_path / "podman"
+    broken.write_text("#!/bin/sh\necho 'Error: cannot clone: Operation not permitted' >&2\nexit 125\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CONTAINER_ENGINE", str(broken))
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises((pytest.fail.Exception if ci else pytest.skip.Exception)) as stopped:
+        find_engine()
+    assert "cannot clone: Operation not permitted" in str(stopped.value) or "user namespaces" in str(stopped.value)
 
 
 def wait_for(predicate, what: str, timeout_s: float = 300, every_s: float = 0.5):
@@ -133,8 +152,13 @@ def engine() -> str:
 def images(engine, tmp_path_factory) -> dict[str, str]:
     log = tmp_path_factory.mktemp("images") / "build.log"
     started = time.monotonic()
-    run(str(REPO / "docker" / "build-images.sh"), timeout_s=BUILD_TIMEOUT_S, out=log,
-        env={"CONTAINER_ENGINE": engine, "FLEETLOG_IMAGE_TAG": TAG, "FLEETLOG_IMAGE_VERSION": VERSION})
+    try:
+        run(str(REPO / "docker" / "build-images.sh"), timeout_s=BUILD_TIMEOUT_S, out=log,
+            env={"CONTAINER_ENGINE": engine, "FLEETLOG_IMAGE_TAG": TAG, "FLEETLOG_IMAGE_VERSION": VERSION})
+    except AssertionError as e:
+        if "debootstrap needs root" in str(e):  # no registry, no cached base, and not root
+            unavailable("no container registry answers and making a Debian base (debootstrap) needs root")
+        raise
     print(f"images built in {time.monotonic() - started:.1f} s (log {log})")
     return {"ingest": f"fleetlog-ingest:{TAG}", "agent": f"fleetlog-agent:{TAG}"}
 
