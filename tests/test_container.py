@@ -330,3 +330,13 @@ def test_a_failing_benchmark_in_containers_is_classified_and_its_destroy_propose
     destroys = api.call("/api/v1/decisions?action=destroy&subject=C.1002", "admin")["decisions"]
     assert [d["state"] for d in destroys] == ["proposed"], destroys
     assert destroys[0]["evidence"]["failure_class"] == "oom"
+
+
+def test_container_deps_lists_what_is_missing(tmp_path):
+    bin_dir = tmp_path / "bin"  # a PATH with bash and coreutils only: podman, runc, debootstrap missing
+    bin_dir.mkdir()
+    for tool in ("bash", "env"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    proc = subprocess.run([str(bin_dir / "bash"), str(REPO / "scripts" / "container-deps.sh"), "--check"],
+                          env={"PATH": str(bin_dir)}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "missing: podman runc debootstrap" in proc.stderr, proc.stderr
