@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ingest.auth import PUBLIC, requires
 from ingest.handlers.http import json_response
-from ingest.keys import DB, METRICS, WRITER
+from ingest.keys import DB, METRICS, SETTINGS, WRITER
+from ingest.writer import RECOVER_MIN_FREE_BYTES
 
 
 @requires(PUBLIC)
@@ -23,6 +27,10 @@ async def readyz(request: web.Request) -> web.Response:
     if writer.storage_error is not None:
         return json_response({"ok": False, "error": f"storage unavailable: {writer.storage_error}", "status": 503}, 503,
                              {"Retry-After": str(writer.retry_after_s)})
+    free = shutil.disk_usage(Path(request.app[SETTINGS].db).resolve().parent).free
+    if free < RECOVER_MIN_FREE_BYTES:
+        return json_response({"ok": False, "error": f"storage unavailable: {free} bytes free on the database's disk",
+                              "status": 503}, 503, {"Retry-After": str(writer.retry_after_s)})
     return json_response({"ok": True, "pending_rows": writer.pending_rows})
 
 
