@@ -1,7 +1,7 @@
 """The DuckDB file: opening it, numbered migrations, and the statements the writer commits.
 
-Only the writer thread calls ``write_batch`` (on the one write connection). Readers use
-``connection.cursor()`` per call (see ``ingest/reads.py``).
+Only the writer thread calls ``write_batch`` (on the one write connection). Every read goes through
+``ingest/reader.py`` (a cursor per call).
 """
 
 from __future__ import annotations
