@@ -4,6 +4,7 @@ exactly once. The database lives on a small tmpfs (we are root in CI)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -104,3 +105,45 @@ def test_disk_full_refuses_503_then_recovers_without_restart(small_disk, server_
     stored = dict(rows)
     assert all(stored.get(s) == 1 for s in acked), "an acknowledged line is missing or stored twice"
     assert max(stored.values()) == 1
+
+
+async def test_invalidated_database_is_reopened_and_keeps_every_acknowledged_line(make_client, monkeypatch):
+    """DuckDB invalidates a database after some fatal write errors; the writer treats that like a full
+    disk: 503 with Retry-After, not ready, then a reopen by itself (the fault injected at the store)."""
+    import duckdb
+
+    from ingest import store
+    from ingest.errors import StoreError
+
+    client = await make_client(retry_after_s=1)
+
+    async def push(seqs) -> tuple[int, dict, dict]:
+        doc = {"instance_id": "C.1", "source": "benchout", "lines": [{"seq": s, "ts": 1795951000 + s, "line": "x"} for s in seqs]}
+        r = await client.post("/api/v1/logs", data=json.dumps(doc))
+        return r.status, dict(r.headers), await r.json()
+
+    assert (await push(range(10)))[0] == 200
+    real = store.write_batch
+    failures = []
+
+    def invalidated(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            try:
+                raise duckdb.FatalException("FATAL Error: database has been invalidated because of a previous fatal error")
+            except duckdb.Error as e:
+                raise StoreError(str(e)) from e
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "write_batch", invalidated)
+    status, headers, body = await push(range(10, 20))
+    assert status == 503 and int(headers["Retry-After"]) >= 1 and "invalidated" in body["error"]
+    assert (await client.get("/readyz")).status == 503  # the reopen waits retry_after_s first
+    deadline = time.monotonic() + 30
+    while (await client.get("/readyz")).status != 200:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    status, _, body = await push(range(20))
+    assert status == 200 and (body["accepted"], body["duplicates"]) == (10, 10)
+    r = await client.post("/api/v1/query", data=json.dumps({"sql": "SELECT count(*), count(DISTINCT seq) FROM logs"}))
+    assert (await r.json())["rows"] == [[20, 20]]
