@@ -4,8 +4,12 @@ never a silent loss."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -13,12 +17,10 @@ from collections import Counter
 import pytest
 
 from agent.tailer import FileTailer
+from agentlib import Api, assert_exactly_once, wait_until
+from rotating_writer import line
 
 N_LINES = 20_000
-
-
-def line(i: int) -> str:
-    return f"line {i:05d} of the daemon log, written at a high rate"
 
 
 class Rotator:
@@ -218,3 +220,64 @@ def test_tailer_counts_a_truncation_after_a_copy_shorter_than_what_was_read(tmp_
     assert "before what was read" in caplog.text
     f.close()
     tailer.close()
+
+
+# ---- the real agent and the real server ------------------------------------------------------
+
+WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rotating_writer.py")
+
+
+@pytest.mark.parametrize(("mode", "gap_s"), [("rename", 0.02), ("dateext", 0.0)])
+def test_agent_ships_every_line_once_when_the_log_is_renamed_twice_between_polls(tmp_path, server_process, agent, mode, gap_s):
+    server = server_process("--query-max-rows", "50000").start()  # the check reads all 20,000 lines back
+    api = Api(server.url)
+    log = tmp_path / "cuzk.log"
+    log.touch()
+    proc = agent("tail", server.url, "C.40", "--tail", f"cuzk={log}", "--poll-interval-s", "0.1", "--rotate-wait-s", "0.3").start()
+    wait_until(lambda: (tmp_path / "agent-state" / "state.json").exists(), what="the agent to start")
+    writer = subprocess.Popen([sys.executable, WRITER, str(log), mode, str(N_LINES), str(gap_s)], start_new_session=True)
+    try:
+        assert writer.wait(timeout=120) == 0
+    finally:
+        if writer.poll() is None:
+            os.killpg(writer.pid, signal.SIGKILL)
+            writer.wait()
+    proc.send_signal(signal.SIGTERM)  # at once: what is not read yet is read on the way out
+    assert proc.wait(timeout=120) == 0, (tmp_path / "agent-0.err").read_text()
+    assert_exactly_once(api, "C.40", "cuzk", [line(i) for i in range(N_LINES)])
+    (complete,) = api.events("C.40", "logs_complete")
+    assert complete["sources"] == {"cuzk": N_LINES - 1}
+    assert "dropped" not in complete
+    assert api.instance("C.40")["logs"]["cuzk"]["complete"]
+
+
+def test_agent_reports_a_copytruncate_loss_in_logs_complete_and_its_log(tmp_path, server_process, agent):
+    server = server_process().start()
+    api = Api(server.url)
+    log = tmp_path / "curio.log"
+    f = open(log, "ab", buffering=0)
+    try:
+        f.write(b"curio 1\n")
+        proc = agent("tail", server.url, "C.41", "--tail", f"curio={log}", "--poll-interval-s", "0.5").start()
+        wait_until(lambda: api.count("C.41", "curio") == 1, timeout_s=60, what="the first line")
+        f.write(b"curio 2: written, then lost with the copy\n")
+        shutil.copyfile(log, tmp_path / "curio.log.1")
+        os.truncate(log, 0)
+        os.unlink(tmp_path / "curio.log.1")  # "compress" without "delaycompress": the copy is gone at once
+        f.write(b"curio 3\n")
+        wait_until(lambda: api.count("C.41", "curio") >= 2 and "curio 3" in [r[2] for r in api.lines("C.41", "curio")], timeout_s=60, what="the line after the truncation")
+    finally:
+        f.close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    stored = [r[2] for r in api.lines("C.41", "curio")]
+    (complete,) = api.events("C.41", "logs_complete")
+    if "curio 2: written, then lost with the copy" in stored:  # a poll fell between two writes microseconds apart
+        assert "dropped" not in complete
+    else:
+        assert stored == ["curio 1", "curio 3"]
+        assert complete["dropped"] == {"curio": 1}
+        err = (tmp_path / "agent-0.err").read_text()
+        assert "WARNING" in err and "counted as dropped" in err and "logs_complete declares lines" in err
+    state = json.loads((tmp_path / "agent-state" / "state.json").read_text())
+    assert state["lost_lines"] == complete.get("dropped", {})
