@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ RESCAN_POLLS = 3  # after a rotation, the siblings are looked at again for this 
 READ_CHUNK_BYTES = 256 * 1024
 MAX_READ_PER_POLL_BYTES = 1024 * 1024
 ROTATED_SUFFIXES_SKIPPED = (".gz", ".bz2", ".xz", ".zst", ".zip")
+_NUMBERED = re.compile(r"[.\-_][0-9]")
 
 
 @dataclass
@@ -247,8 +249,13 @@ class FileTailer:
             os.close(fd)
         return None
 
-    def _siblings(self) -> list[str]:
-        """Files a rotation may have produced from this path: NAME.1, NAME-20261129, NAME_old..."""
+    def _siblings(self, numbered: bool = False) -> list[str]:
+        """Files a rotation may have produced from this path: NAME.1, NAME-20261129, NAME_old...
+
+        ``numbered``: only those whose suffix starts with a digit (NAME.1, NAME-20261129,
+        NAME.2026-11-29_12-00): the ones read whole when they were never seen, so that a
+        NAME.lock or NAME.truth beside the log is never taken for a generation of it.
+        """
         directory, name = os.path.split(self.path)
         try:
             entries = os.listdir(directory)
@@ -259,6 +266,8 @@ class FileTailer:
             for e in entries
             if e != name and e.startswith(name) and e[len(name)] in ".-_" and not e.endswith(ROTATED_SUFFIXES_SKIPPED)
         ]
+        if numbered:
+            out = [p for p in out if _NUMBERED.match(p[len(self.path) :])]
         return sorted(out)
 
     def _check_current(self) -> list[str]:
@@ -377,7 +386,7 @@ class FileTailer:
         assert self._known is not None
         unknown: list[tuple[int, os.stat_result, str]] = []
         present: dict[tuple[int, int], tuple[int, int]] = {}
-        for candidate in self._siblings():
+        for candidate in self._siblings(numbered=True):
             try:
                 fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:

@@ -141,6 +141,7 @@ def test_tailer_reads_a_file_created_and_renamed_away_between_two_polls(tmp_path
     f.close()
     with open(path, "ab") as g:
         g.write(b"b1\nb2\n")  # lives between two polls only
+    (tmp_path / "daemon.log.truth").write_bytes(b"not a generation of the log\n")  # nor are .lock, .json ...
     os.replace(tmp_path / "daemon.log.2", tmp_path / "daemon.log.3")
     os.replace(tmp_path / "daemon.log.1", tmp_path / "daemon.log.2")
     os.replace(path, tmp_path / "daemon.log.1")
