@@ -189,7 +189,7 @@ class FileTailer:
             lines += ended
             if f is self._cur:
                 f.cut = f.cut or bool(ended)
-                self._finished = [f.position()]
+                self._finished = [f.position() | {"finished": True}]
         self._cur = None
         self._draining = []
         self._done = True
@@ -227,7 +227,14 @@ class FileTailer:
             found = self._find(pos)
             if found is None:
                 self.lost_files += 1
-                logger.info("%s: the file read up to offset %d is no longer there (replaced or deleted)", self.path, pos["offset"])
+                if pos.get("finished"):  # read to its end when the last run stopped
+                    logger.info("%s: the file read up to offset %d is no longer there (replaced or deleted)", self.path, pos["offset"])
+                else:  # it went while the agent was down: what it held after the offset may be lost
+                    self.lost_lines += 1
+                    logger.warning(
+                        "%s: the file read up to offset %d is no longer there, nor a copy of it (rotated and deleted while the agent was down):"
+                        " lines written to it since may be lost; counted as dropped", self.path, pos["offset"],
+                    )
                 continue
             fd, st, at_path = found
             f = self._new(fd, st, pos["offset"])
@@ -238,6 +245,9 @@ class FileTailer:
                 self._draining.append(f)
 
     def _find(self, pos: dict) -> tuple[int, os.stat_result, bool] | None:
+        """The file ``pos`` describes, at the path or renamed; else a copy of it (copytruncate while
+        the agent was down: the copy holds what came after the offset)."""
+        copy: tuple[int, os.stat_result, bool] | None = None
         for candidate, at_path in [(self.path, True)] + [(p, False) for p in self._siblings()]:
             try:
                 fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC)
@@ -245,9 +255,14 @@ class FileTailer:
                 continue
             st = os.fstat(fd)
             if _matches(fd, st, pos):
+                if copy is not None:
+                    os.close(copy[0])
                 return fd, st, at_path
+            if copy is None and not at_path and _matches(fd, st, pos | {"dev": st.st_dev, "ino": st.st_ino}):
+                copy = (fd, st, False)
+                continue
             os.close(fd)
-        return None
+        return copy
 
     def _siblings(self, numbered: bool = False) -> list[str]:
         """Files a rotation may have produced from this path: NAME.1, NAME-20261129, NAME_old...

@@ -282,3 +282,39 @@ def test_agent_reports_a_copytruncate_loss_in_logs_complete_and_its_log(tmp_path
         assert "WARNING" in err and "counted as dropped" in err and "logs_complete declares lines" in err
     state = json.loads((tmp_path / "agent-state" / "state.json").read_text())
     assert state["lost_lines"] == complete.get("dropped", {})
+
+
+def test_tailer_resumes_from_the_copy_of_a_file_copytruncated_while_the_agent_was_down(tmp_path):
+    path = tmp_path / "curio.log"
+    f = open(path, "ab", buffering=0)
+    f.write(b"c1\n")
+    tailer = FileTailer(str(path))
+    assert tailer.poll() == ["c1"]
+    snapshot = tailer.snapshot()
+    tailer.close()  # the agent is down ...
+    f.write(b"c2 written while the agent was down\n")
+    shutil.copyfile(path, tmp_path / "curio.log.1")
+    os.truncate(path, 0)
+    f.write(b"c3\n")
+    tailer = FileTailer(str(path))
+    tailer.restore(snapshot)
+    assert tailer.finish() == ["c2 written while the agent was down", "c3"]
+    assert (tailer.lost_files, tailer.lost_lines) == (0, 0)
+    f.close()
+
+
+def test_tailer_counts_a_file_gone_while_the_agent_was_down_but_not_one_it_had_finished(tmp_path):
+    path = tmp_path / "cuzk.log"
+    path.write_bytes(b"r1\n")
+    tailer = FileTailer(str(path))
+    assert tailer.poll() == ["r1"]
+    crashed = tailer.snapshot()  # an agent killed here ...
+    assert tailer.finish() == []
+    finished = tailer.snapshot()  # ... or one stopped here, having read the file to its end
+    path.unlink()  # rotated and deleted while no agent ran
+    path.write_bytes(b"n1\n")
+    for snapshot, lost in ((crashed, 1), (finished, 0)):
+        tailer = FileTailer(str(path))
+        tailer.restore(snapshot)
+        assert tailer.finish() == ["n1"]
+        assert (tailer.lost_files, tailer.lost_lines) == (1, lost)
