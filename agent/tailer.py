@@ -303,12 +303,17 @@ class FileTailer:
             return lines + self._read_missed_generations()
         fst = os.fstat(cur.fd)
         truncated = fst.st_size < cur.read_pos
-        if not truncated and fst.st_mtime_ns != cur.last_mtime_ns:
+        changed = fst.st_mtime_ns != cur.last_mtime_ns
+        if not truncated and changed:
             truncated = not cur.head_matches(cur.fd)
         cur.last_mtime_ns = fst.st_mtime_ns
         if truncated:
             return self._truncated(cur)
         self._seen_size = max(self._seen_size, fst.st_size)
+        if changed and not cur.head and self._known is not None:
+            # Nothing read from it yet, so a truncation cannot be seen in it: written, copied and
+            # truncated since the last poll, its content is only in a copy among the siblings.
+            return self._read_missed_generations(copies_of=cur, again=True)
         return []
 
     def _truncated(self, cur: _Open) -> list[str]:
@@ -359,9 +364,10 @@ class FileTailer:
         )
 
     def _find_copy(self, cur: _Open) -> tuple[int, os.stat_result] | None:
-        """The sibling that starts with the bytes the file started with: the longest one (a copy that
-        ends before what was read is still the copy, and says the writer went on after it)."""
-        best: tuple[int, os.stat_result] | None = None
+        """The sibling that starts with the bytes the file started with: the one agreeing on the
+        most of them, then the newest (a copy that ends before what was read is still the copy,
+        and says the writer went on after it)."""
+        best: tuple[tuple[int, int], int, os.stat_result] | None = None
         for candidate in self._siblings():
             try:
                 fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC)
@@ -370,13 +376,14 @@ class FileTailer:
             st = os.fstat(fd)
             n = min(st.st_size, len(cur.head))
             if (st.st_dev, st.st_ino) != (cur.dev, cur.ino) and n and os.pread(fd, n, 0) == bytes(cur.head[:n]):
-                if best is None or st.st_size > best[1].st_size:
+                rank = (n, st.st_ctime_ns)
+                if best is None or rank > best[0]:
                     if best is not None:
-                        os.close(best[0])
-                    best = (fd, st)
+                        os.close(best[1])
+                    best = (rank, fd, st)
                     continue
             os.close(fd)
-        return best
+        return (best[1], best[2]) if best is not None else None
 
     # ---- generations never seen -------------------------------------------------------------
 
@@ -408,6 +415,9 @@ class FileTailer:
                 continue
             st = os.fstat(fd)
             key = (st.st_dev, st.st_ino)
+            if key in present:  # listed under two names: renamed (NAME.1 -> NAME.2) during the listing
+                os.close(fd)
+                continue
             if self._is_known(fd, st) or self._ours(st):
                 present[key] = self._known.get(key) or self._identity(fd, st)
                 os.close(fd)
@@ -490,6 +500,8 @@ class FileTailer:
 
     def _close(self, f: _Open) -> list[str]:
         lines = f.splitter.finish()
+        if self._known is not None:  # read: when it shows up among the siblings again, it is not new
+            self._known[(f.dev, f.ino)] = self._identity(f.fd, os.fstat(f.fd))
         os.close(f.fd)
         if f in self._draining:
             self._draining.remove(f)

@@ -88,7 +88,7 @@ def _tail_while_rotating(tmp_path, mode: str, gap_s: float, poll_interval_s: flo
             failed.append(e)
 
     writer = threading.Thread(target=write)
-    out: list[str] = []
+    out = tailer.poll()  # the agent was there first: what the writer writes next is all new
     writer.start()
     try:
         while writer.is_alive():
@@ -318,3 +318,19 @@ def test_tailer_counts_a_file_gone_while_the_agent_was_down_but_not_one_it_had_f
         tailer.restore(snapshot)
         assert tailer.finish() == ["n1"]
         assert (tailer.lost_files, tailer.lost_lines) == (1, lost)
+
+
+def test_tailer_reads_the_copy_of_a_generation_written_and_copytruncated_before_it_was_read(tmp_path):
+    path = tmp_path / "curio.log"
+    f = open(path, "ab", buffering=0)
+    tailer = FileTailer(str(path))
+    assert tailer.poll() == []  # empty: nothing read, so no truncation of it can be seen
+    for _ in range(5):
+        assert tailer.poll() == []
+    f.write(b"g1 a\ng1 b\n")  # written, copied and truncated between two polls
+    shutil.copyfile(path, tmp_path / "curio.log.1")
+    os.truncate(path, 0)
+    f.write(b"g2\n")
+    assert tailer.poll() == ["g1 a", "g1 b", "g2"]
+    f.close()
+    tailer.close()
