@@ -235,7 +235,8 @@ def test_agent_ships_every_line_once_when_the_log_is_renamed_twice_between_polls
     log = tmp_path / "cuzk.log"
     log.touch()
     proc = agent("tail", server.url, "C.40", "--tail", f"cuzk={log}", "--poll-interval-s", "0.1", "--rotate-wait-s", "0.3").start()
-    wait_until(lambda: (tmp_path / "agent-state" / "state.json").exists(), what="the agent to start")
+    state = tmp_path / "agent-state" / "state.json"
+    wait_until(lambda: state.exists() and str(log) in json.loads(state.read_text())["files"], timeout_s=60, what="the agent's first read of the log")
     writer = subprocess.Popen([sys.executable, WRITER, str(log), mode, str(N_LINES), str(gap_s)], start_new_session=True)
     try:
         assert writer.wait(timeout=120) == 0
