@@ -40,7 +40,11 @@ class TimeLimit:
 
     def start(self, now: float) -> None:
         """Arm the limit (``now``: wall-clock time, as ``command.started_at``)."""
-        if self.max_duration_s is None or self.fired:
+        if self.max_duration_s is None:
+            return
+        if self.fired:  # an earlier agent sent the SIGTERM and died before its SIGKILL was due
+            if self.command.running:
+                self._timers.append(asyncio.get_running_loop().call_later(self.grace_s, self._kill))
             return
         delay = max(0.0, self.command.started_at + self.max_duration_s - now)
         self._timers.append(asyncio.get_running_loop().call_later(delay, self._fire))
