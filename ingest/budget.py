@@ -18,7 +18,7 @@ from ingest.errors import Overloaded
 # Bytes held per body byte while a body is parsed, queued and committed: the body itself, the
 # parsed lines (Python strings and ints), the writer's staged columns and Arrow copy. Measured on
 # 5,000-line bodies of 20 to 400-character lines (bench/flood_memory.py): 2.5x to 3.6x.
-EXPANSION = 4
+EXPANSION = 5
 
 
 class MemoryBudget:
@@ -61,3 +61,21 @@ class Charge:
     def close(self) -> None:
         self._budget.give_back(self.held)
         self.held = 0
+
+
+def tune_allocator() -> bool:
+    """Make glibc give freed memory back: a fixed mmap threshold (big buffers such as request bodies
+    are mapped and unmapped, instead of the dynamic threshold growing until they fragment the heap)
+    and two malloc arenas (not one per thread). True when applied (glibc only)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        m_mmap_threshold, m_arena_max = -3, -8
+        return bool(libc.mallopt(m_mmap_threshold, 256 * 1024)) and bool(libc.mallopt(m_arena_max, 2))
+    except (OSError, AttributeError):
+        return False

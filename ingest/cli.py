@@ -104,6 +104,9 @@ def _serve_app(app, settings: config.Settings) -> None:
     from ingest.keys import METRICS
     from ingest.observe import LiveStateCollector
 
+    from ingest.budget import tune_allocator
+
+    tune_allocator()
     metrics = app[METRICS]
     try:
         cap = listener.connection_cap(settings.http_max_connections)
