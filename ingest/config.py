@@ -100,12 +100,14 @@ class Settings:
         return self.tail_cache_max_bytes or self.memory_budget_mb * 2**20 // 8
 
     def memory_split(self) -> dict[str, int]:
-        """How ``memory_budget_mb`` is shared, in bytes: the tail cache, DuckDB's memory_limit, and
+        """How ``memory_budget_mb`` is shared, in bytes: the tail cache, DuckDB's memory_limit, an
+        eighth kept for transients (the body being parsed, the writer's Arrow copy of a batch), and
         what is left for requests in flight (bodies read, parsed, queued for the writer)."""
         budget = self.memory_budget_mb * 2**20
         duckdb_bytes = int(getattr(self, "duckdb_memory_limit_mb", 0)) * 2**20
-        return {"tail_cache": self.tail_cache_bytes, "duckdb": duckdb_bytes,
-                "requests": budget - self.tail_cache_bytes - duckdb_bytes}
+        headroom = budget // 8
+        return {"tail_cache": self.tail_cache_bytes, "duckdb": duckdb_bytes, "transients": headroom,
+                "requests": budget - self.tail_cache_bytes - duckdb_bytes - headroom}
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -126,8 +128,9 @@ class Settings:
         if split["requests"] < EXPANSION * self.max_body_bytes:
             raise ConfigError(
                 f"memory_budget_mb: {self.memory_budget_mb} MiB leaves {split['requests'] // 2**20} MiB for requests after the "
-                f"tail cache ({split['tail_cache'] // 2**20} MiB, tail_cache_max_bytes) and DuckDB ({split['duckdb'] // 2**20} MiB, "
-                f"duckdb_memory_limit_mb); requests need at least {EXPANSION}x max_body_bytes "
+                f"tail cache ({split['tail_cache'] // 2**20} MiB, tail_cache_max_bytes), DuckDB ({split['duckdb'] // 2**20} MiB, "
+                f"duckdb_memory_limit_mb) and transients ({split['transients'] // 2**20} MiB, an eighth); requests need at "
+                f"least {EXPANSION}x max_body_bytes "
                 f"({EXPANSION * self.max_body_bytes // 2**20} MiB)"
             )
 

@@ -17,6 +17,7 @@ than the whole share keeps only its newest lines.
 from __future__ import annotations
 
 import bisect
+import operator
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -25,11 +26,16 @@ TailKey = tuple[str, str]  # (instance_id, source)
 TailRow = tuple[str, int, int, str]  # (run_id, seq, ts_us, line)
 
 
+_LINE = operator.itemgetter(3)
 ROW_OVERHEAD_BYTES = 160  # a row's tuple, its ints and the line's string header, beyond the text
 
 
 def row_bytes(row: TailRow) -> int:
     return ROW_OVERHEAD_BYTES + len(row[3])
+
+
+def rows_bytes(rows: list[TailRow]) -> int:
+    return ROW_OVERHEAD_BYTES * len(rows) + sum(map(len, map(_LINE, rows)))  # C-level loops: ~1% of ingest
 
 
 @dataclass
@@ -87,7 +93,7 @@ class TailCache:
                 entry.complete = False
             kept = rows[-self.capacity:]
             current.extend(kept)
-            entry.nbytes += sum(map(row_bytes, kept))
+            entry.nbytes += rows_bytes(kept)
             rows = []
         for row in rows:
             if not current or row[:2] > current[-1][:2]:
@@ -97,7 +103,7 @@ class TailCache:
             entry.nbytes += row_bytes(row)
         excess = len(current) - self.capacity
         if excess > 0:
-            entry.nbytes -= sum(map(row_bytes, current[:excess]))
+            entry.nbytes -= rows_bytes(current[:excess])
             del current[:excess]
             entry.complete = False
         self.nbytes += entry.nbytes - before
