@@ -4,6 +4,7 @@ accepted timestamp reads back; enrollment cannot be replayed and an admin re-iss
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import io
 import time
@@ -16,7 +17,10 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from ingest.app import create_app
-from ingest.keys import DB, OTLP_GRPC_PORT
+from ingest.config import Settings
+from ingest.errors import ConfigError
+from ingest.tailcache import TailCache
+from ingest.keys import BUDGET, DB, OTLP_GRPC_PORT
 from tests.conftest import free_port
 
 ENROLL, READ, ADMIN = "enroll-7f3a", "read-91bc", "admin-c2d4"
@@ -254,3 +258,48 @@ async def test_admin_reissues_a_token_and_the_old_one_stops_working(aiohttp_clie
     again = await aiohttp_client(create_app(secured_settings))
     assert (await again.post("/api/v1/logs", data=_push("C.9", 2), headers=bearer(old))).status == 401
     assert (await again.post("/api/v1/logs", data=_push("C.9", 2), headers=bearer(new))).status == 200
+
+
+async def test_spent_memory_budget_is_503_with_retry_after_before_the_body_is_read(make_client):
+    # 64 MB budget: 8 tail cache + 8 transients leave 48 MB for requests, 8 MB (6x) per 1.4 MB body
+    client = await make_client(memory_budget_mb=64, max_body_bytes=1_400_000)
+    release = asyncio.Event()
+    full = b'{"instance_id": "C.slow", "source": "s", "lines": [{"seq": 0, "line": "x"}]}'.ljust(1_300_000)
+
+    async def held_body():
+        yield full[:40]
+        await release.wait()
+        yield full[40:]
+
+    held = [asyncio.create_task(client.post("/api/v1/logs", data=held_body(), headers={"Content-Length": str(len(full))}))
+            for _ in range(6)]
+    budget = client.app[BUDGET]
+    deadline = time.monotonic() + 30
+    while budget.used < 6 * 6 * len(full):
+        assert time.monotonic() < deadline, budget.used
+        await asyncio.sleep(0.01)
+    r = await client.post("/api/v1/logs", data=io.BytesIO(full))
+    assert r.status == 503 and r.headers["Retry-After"] == "1" and "memory budget" in (await r.json())["error"]
+    release.set()
+    for task in held:
+        assert (await task).status == 200
+    assert budget.used == 0
+    assert (await client.post("/api/v1/logs", data=io.BytesIO(full))).status == 200
+
+
+def test_tail_cache_stays_under_its_bytes():
+    cache = TailCache(capacity_lines=1000, max_streams=100, max_bytes=200_000)
+    for s in range(10):
+        cache.on_commit(("C.1", f"s{s}"), [("0", i, i, "x" * 500) for i in range(100)], True)
+        assert cache.nbytes <= 200_000
+    assert cache.stream_count() < 10 and cache.tail(("C.1", "s9"), 10) is not None  # the oldest streams left first
+    cache.on_commit(("C.1", "huge"), [("0", i, i, "y" * 5000) for i in range(100)], True)
+    assert 0 < cache.nbytes <= 200_000 and cache.tail(("C.1", "huge"), 200) is None  # trimmed: incomplete
+    assert cache.nbytes == sum(e.nbytes for e in cache._entries.values())
+
+
+def test_memory_budget_split_is_validated():
+    with pytest.raises(ConfigError, match="memory_budget_mb"):
+        Settings(memory_budget_mb=64, max_body_bytes=16 * 2**20)
+    split = Settings().memory_split()
+    assert sum(split.values()) == Settings().memory_budget_mb * 2**20
