@@ -108,4 +108,5 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/metrics", health.metrics)
     app.router.add_post("/api/v1/instances/{instance_id}/token", push.post_instance_token)
     page.setup(app)
+    app.on_shutdown.append(read.on_shutdown)
     return app

@@ -69,6 +69,10 @@ class Settings:
     actuator_command: str = _setting("", "command run to carry out a destroy, e.g. 'vastai destroy instance {instance_id}'")
     actuator_timeout_s: float = _setting(30.0, "an actuator call is abandoned after this long", minimum=0.01)
     actuator_retries: int = _setting(3, "attempts of an actuator call before its decision is marked failed", minimum=1)
+    query_max_concurrent: int = _setting(2, "SQL API queries run at once (their own threads); beyond it 429 with Retry-After", minimum=1)
+    duckdb_memory_limit_mb: int = _setting(
+        256, "DuckDB's memory_limit; bigger queries spill to a temp directory next to the database, or fail with 400", minimum=16
+    )
     max_lines_per_request: int = _setting(50_000, "most log lines (or metric samples, OTLP records) in one request; 413 beyond", minimum=1)
     max_streams_per_request: int = _setting(1_000, "most log streams in one request; 413 beyond", minimum=1)
     max_events_per_request: int = _setting(1_000, "most lifecycle events in one request; 413 beyond", minimum=1)
@@ -104,7 +108,7 @@ class Settings:
         eighth kept for transients (the body being parsed, the writer's Arrow copy of a batch), and
         what is left for requests in flight (bodies read, parsed, queued for the writer)."""
         budget = self.memory_budget_mb * 2**20
-        duckdb_bytes = int(getattr(self, "duckdb_memory_limit_mb", 0)) * 2**20
+        duckdb_bytes = self.duckdb_memory_limit_mb * 2**20
         headroom = budget // 8
         return {"tail_cache": self.tail_cache_bytes, "duckdb": duckdb_bytes, "transients": headroom,
                 "requests": budget - self.tail_cache_bytes - duckdb_bytes - headroom}

@@ -12,8 +12,6 @@ the instance otherwise; nothing is written); an admin re-issues an instance's to
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
 from ingest import codec
@@ -119,14 +117,16 @@ async def _existing(request: web.Request, instance_ids: list[str]) -> set[str]:
     book = request.app[TOKENS]
     found = {i for i in instance_ids if book.has_token(i)}
 
+    reader = request.app[DB]
+
     def read() -> set[str]:
-        cursor = request.app[DB].cursor()
+        cursor = reader.open_cursor()
         try:
             return known_instances(cursor, instance_ids)
         finally:
-            cursor.close()
+            reader.close_cursor(cursor)
 
-    return found | await asyncio.to_thread(read)
+    return found | await reader.call(read)
 
 
 async def _refuse_known(request: web.Request, instance_ids: list[str]) -> None:
