@@ -6,6 +6,7 @@ its RSS when ready (the interpreter's baseline: modules, DuckDB, gRPC) plus ``--
 Every acknowledged line must be stored exactly once.
 
     python bench/flood_memory.py      # FLOOD_BUDGET_MB=256 FLOOD_CLIENTS=64 FLOOD_BODIES=3 FLOOD_LINES=5000
+                                      # FLOOD_SERVER_ARGS (default: DuckDB gets a quarter of the budget)
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def main() -> int:
     clients = int(os.environ.get("FLOOD_CLIENTS", "64"))
     bodies = int(os.environ.get("FLOOD_BODIES", "3"))
     lines = int(os.environ.get("FLOOD_LINES", "5000"))
-    extra = os.environ.get("FLOOD_SERVER_ARGS", "").split()
+    extra = os.environ.get("FLOOD_SERVER_ARGS", f"--duckdb-memory-limit-mb {budget // 4}").split()
     with tempfile.TemporaryDirectory() as tmp:
         server = Server(Path(tmp) / "flood.duckdb", "--memory-budget-mb", str(budget), *extra)
         try:

@@ -261,8 +261,8 @@ async def test_admin_reissues_a_token_and_the_old_one_stops_working(aiohttp_clie
 
 
 async def test_spent_memory_budget_is_503_with_retry_after_before_the_body_is_read(make_client):
-    # 64 MB budget: 8 tail cache + 8 transients leave 48 MB for requests, 8 MB (6x) per 1.4 MB body
-    client = await make_client(memory_budget_mb=64, max_body_bytes=1_400_000)
+    # 64 MB budget: 8 tail cache + 16 DuckDB + 8 transients leave 32 MB for requests, 7.8 MB (6x) per 1.3 MB body
+    client = await make_client(memory_budget_mb=64, duckdb_memory_limit_mb=16, max_body_bytes=1_400_000)
     release = asyncio.Event()
     full = b'{"instance_id": "C.slow", "source": "s", "lines": [{"seq": 0, "line": "x"}]}'.ljust(1_300_000)
 
@@ -272,10 +272,10 @@ async def test_spent_memory_budget_is_503_with_retry_after_before_the_body_is_re
         yield full[40:]
 
     held = [asyncio.create_task(client.post("/api/v1/logs", data=held_body(), headers={"Content-Length": str(len(full))}))
-            for _ in range(6)]
+            for _ in range(4)]
     budget = client.app[BUDGET]
     deadline = time.monotonic() + 30
-    while budget.used < 6 * 6 * len(full):
+    while budget.used < 4 * 6 * len(full):
         assert time.monotonic() < deadline, budget.used
         await asyncio.sleep(0.01)
     r = await client.post("/api/v1/logs", data=io.BytesIO(full))

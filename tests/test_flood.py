@@ -6,28 +6,18 @@ stored exactly once."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import urllib.request
 
 import orjson
-import pytest
 
 from bench.flood_memory import flood, rss_kib
-from ingest.config import Settings
 from tests.conftest import read_db
 
 BUDGET_MB = 256
 
 
-def _duckdb_args() -> list[str]:
-    names = {f.name for f in dataclasses.fields(Settings)}
-    if "duckdb_memory_limit_mb" not in names:  # DuckDB's own limit is part of the budget: without it, no budget holds
-        pytest.skip("needs the duckdb_memory_limit_mb setting (DuckDB's share of the budget)")
-    return ["--duckdb-memory-limit-mb", "64"]
-
-
 def test_flood_stays_under_the_memory_budget_and_loses_nothing(server_process):
-    server = server_process("--memory-budget-mb", str(BUDGET_MB), "--log-level", "WARNING", *_duckdb_args()).start()
+    server = server_process("--memory-budget-mb", str(BUDGET_MB), "--duckdb-memory-limit-mb", "64", "--log-level", "WARNING").start()
     warm = orjson.dumps({"instance_id": "C.warm", "source": "s", "lines": [{"seq": i, "line": "x" * 300} for i in range(5000)]})
     request = urllib.request.Request(server.url + "/api/v1/logs", data=warm, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as r:
