@@ -216,6 +216,13 @@ def parse_tree(sql: str) -> dict[str, Any]:
     return tree["statements"][0]["node"]
 
 
+def _cte_query(value: dict) -> dict:
+    """A CTE's query node: DuckDB 2.x writes it as ``query_node``, 1.5 as ``query.node``."""
+    if "query_node" in value:
+        return value["query_node"]
+    return value["query"]["node"]
+
+
 class _Judge:
     """Walks a parse tree: only query nodes, allowed tables and table functions, no side effects."""
 
@@ -231,7 +238,7 @@ class _Judge:
             name = str(entry["key"]).lower()
             if name in SECRET_TABLES:
                 raise QueryError(f"sql: {entry['key']!r} may not be used as a name")
-            query = entry["value"]["query_node"]
+            query = _cte_query(entry["value"])
             own = scope | {name} if query.get("type") == "RECURSIVE_CTE_NODE" else scope
             self.node(query, own)
             scope = scope | {name}

@@ -71,7 +71,8 @@ def open_database(path: str | Path, memory_limit_mb: int = 256) -> duckdb.DuckDB
     try:
         con = duckdb.connect(str(path))
     except duckdb.Error as e:
-        raise StoreError(f"cannot open database {path}: {e}") from e
+        hint = " (written by a newer DuckDB: see docs/scale-out.md)" if "version number" in str(e) else ""
+        raise StoreError(f"cannot open database {path}: {e}{hint}") from e
     try:
         migrate(con)
         con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
