@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from ingest import store
+from ingest import lake, store
 from ingest.actuator import build_actuator
 from ingest.config import Settings
 from ingest.fleetgauges import FleetCollector, GpuCollector
@@ -23,6 +23,13 @@ from ingest.tailcache import TailCache
 from ingest.writer import Writer
 
 logger = logging.getLogger(__name__)
+
+
+def _open_storage(settings: Settings) -> duckdb.DuckDBPyConnection:
+    """The single DuckDB file, or in lake mode the lake and its PostgreSQL (ingest/lake.py)."""
+    if settings.lake:
+        return lake.open_lake(settings.lake, settings.lake_data, settings.duckdb_memory_limit_mb)
+    return store.open_database(settings.db, settings.duckdb_memory_limit_mb)
 
 
 @dataclass
@@ -40,7 +47,7 @@ class Core:
     def open(cls, settings: Settings, metrics: IngestMetrics) -> "Core":
         rules = load_rules(settings.queries_path)  # a broken rule stops start-up before the database opens
         hosts_sql = compose(settings.queries_path / "hosts.sql", settings.queries_path)
-        con = store.open_database(settings.db, settings.duckdb_memory_limit_mb)
+        con = _open_storage(settings)
         index = StreamIndex()
         cursor = con.cursor()
         index.load(cursor)
@@ -52,7 +59,8 @@ class Core:
             batch_max_delay_s=settings.batch_max_delay_s,
             queue_max_rows=settings.queue_max_rows,
             retry_after_s=settings.retry_after_s,
-            db_path=settings.db,
+            db_path=None if settings.lake else settings.db,
+            write_batch=lake.write_batch if settings.lake else store.write_batch,
         )
         reader = Reader(
             con, index, tail, metrics,
@@ -106,7 +114,7 @@ class Core:
             self.con.close()
         except duckdb.Error:
             pass
-        con = store.open_database(self.settings.db, self.settings.duckdb_memory_limit_mb)
+        con = _open_storage(self.settings)
         known = self.index.instances()
         for instance_id in known:
             self.index.forget(instance_id)

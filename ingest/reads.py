@@ -223,6 +223,13 @@ def _cte_query(value: dict) -> dict:
     return value["query"]["node"]
 
 
+def _cte_query(value: dict) -> dict:
+    """A CTE's query node: DuckDB 2.x writes it as ``query_node``, 1.5 as ``query.node``."""
+    if "query_node" in value:
+        return value["query_node"]
+    return value["query"]["node"]
+
+
 class _Judge:
     """Walks a parse tree: only query nodes, allowed tables and table functions, no side effects."""
 

@@ -97,8 +97,10 @@ class Writer:
         retry_after_s: int,
         reopen: Callable[[], duckdb.DuckDBPyConnection] | None = None,
         db_path: str | None = None,
+        write_batch: Callable[..., tuple[list[bool], list[Any]]] = store.write_batch,  # lake mode: ingest.lake's
     ) -> None:
         self._con = con
+        self._write_batch = write_batch
         self._reopen = reopen
         self._db_dir = Path(db_path).resolve().parent if db_path else None
         self.storage_error: str | None = None  # set while the database cannot write; the thread reopens it
@@ -259,7 +261,7 @@ class Writer:
         staged = self._stage(batch)
         started = time.perf_counter()
         try:
-            fresh, action_results = store.write_batch(
+            fresh, action_results = self._write_batch(
                 self._con, staged.logs, staged.events, staged.metrics, staged.instances, now_us(), staged.actions
             )
         except StoreError as e:

@@ -1,0 +1,267 @@
+"""The lake storage mode (``serve --lake``): logs and metrics in a DuckLake, the keyed tables in
+PostgreSQL, both attached to one in-memory DuckDB so every query keeps its one SQL statement.
+
+Layout of the connection ``open_lake`` returns::
+
+    lake  (ducklake:postgres:<dsn>, DATA_PATH <lake_data>)   logs, metrics           Parquet files
+    pg    (postgres:<dsn>)                                   instances, events, bench_runs, decisions,
+                                                             host_verdicts, instance_tokens,
+                                                             schema_migrations       PostgreSQL rows
+    memory.main                                              instance_state (a view over pg)
+
+memory.main also holds one view per table (``logs`` is ``SELECT * FROM lake.main.logs``, ...): a
+cursor (every read) starts in memory.main, so the unqualified names used by the reader, the
+policies and queries/ resolve to the right catalog and the same files serve both modes. The
+writer's own connection sets ``search_path`` to ``lake.main, pg.public, memory.main`` (a session
+setting, not inherited by cursors), so its INSERT/UPDATE statements reach the tables themselves.
+The SQL guard sees only memory.main: the secret tables by name, the lake's ``ducklake_*`` catalog
+and other catalogs by qualification stay out of reach.
+
+Invariants:
+
+- DuckDB writes to one attached database per transaction. ``write_batch`` therefore commits a group
+  in two transactions, PostgreSQL first (instances, events, policy actions: every statement there is
+  idempotent on a retry, events by their UNIQUE key), then the lake (logs, metrics). A request is
+  acknowledged only after both; a failure between them leaves keyed rows that the client's retry
+  finds again (counted as duplicates), never a log line twice (the seq index guards the lake).
+- The lake has no keys: uniqueness of a log line is the writer's seq index, as in file mode, which
+  holds only while one writer owns an instance (ingest/slots.py, when several nodes share a lake).
+- File access stays off for queries (``enable_external_access = false``) except the lake's own
+  ``DATA_PATH`` (``allowed_directories``); the SQL guard refuses postgres_query and every other
+  table function outside its allowlist, and the ``ducklake_*`` catalog tables by name.
+- Extensions come from the ``duckdb-extension-*`` PyPI packages, never from the network.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+import duckdb
+import pyarrow as pa
+
+from ingest import store
+from ingest.codec import Event, MetricRows
+from ingest.errors import StoreError
+
+logger = logging.getLogger(__name__)
+
+LAKE = "lake"  # catalog names inside the DuckDB connection
+PG = "pg"
+SEARCH_PATH = f"{LAKE}.main,{PG}.public,memory.main"
+LAKE_TABLES = ("logs", "metrics")
+PG_TABLES = ("instances", "events", "bench_runs", "decisions", "host_verdicts", "instance_tokens", "schema_migrations")
+
+LAKE_DDL = """
+CREATE TABLE IF NOT EXISTS lake.logs (
+    instance_id  VARCHAR NOT NULL,
+    source       VARCHAR NOT NULL,
+    run_id       VARCHAR NOT NULL,
+    seq          BIGINT NOT NULL,
+    ts           TIMESTAMP NOT NULL,
+    received_at  TIMESTAMP NOT NULL,
+    line         VARCHAR NOT NULL,
+    truncated    BOOLEAN NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lake.metrics (
+    instance_id  VARCHAR NOT NULL,
+    name         VARCHAR NOT NULL,
+    ts           TIMESTAMP NOT NULL,
+    value        DOUBLE NOT NULL,
+    labels       VARCHAR NOT NULL,
+    received_at  TIMESTAMP NOT NULL
+);
+"""
+
+# Native PostgreSQL DDL of the keyed tables (migrations 001-003 folded, JSON kept as text: DuckDB sees both as VARCHAR and casts one way only; bench_runs carries its own
+# ``rowid`` column, which DuckDB's postgres scanner does not provide, so the writer's run matching
+# is the same SQL in both modes).
+PG_DDL = """
+CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text, applied_at timestamp DEFAULT now());
+CREATE TABLE IF NOT EXISTS instances (
+    instance_id text PRIMARY KEY, machine_id bigint, host_id bigint, gpu_model text, gpu_count integer,
+    dph double precision, location text, labels text, first_seen timestamp NOT NULL, last_seen timestamp NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    instance_id text NOT NULL, kind text NOT NULL, ts timestamp NOT NULL, received_at timestamp NOT NULL,
+    body text NOT NULL, UNIQUE (instance_id, kind, ts));
+CREATE TABLE IF NOT EXISTS bench_runs (
+    instance_id text NOT NULL, started_at timestamp, proofs integer, concurrency integer, partition_workers integer,
+    done_at timestamp, exit_code integer, rate_per_hour double precision, duration_s double precision,
+    proofs_ok integer, failure_excerpt text, failure_class text, failure_line text, rowid bigserial);
+CREATE SEQUENCE IF NOT EXISTS decision_ids START 1;
+CREATE TABLE IF NOT EXISTS decisions (
+    id bigint PRIMARY KEY DEFAULT nextval('decision_ids'), rule text NOT NULL, rule_sha text NOT NULL,
+    subject text NOT NULL, action text NOT NULL, reason text NOT NULL, evidence text NOT NULL,
+    episode text NOT NULL, decided_at timestamp NOT NULL, expires_at timestamp, state text NOT NULL,
+    attempts integer NOT NULL DEFAULT 0, executed_at timestamp, last_error text, UNIQUE (rule, subject, episode));
+CREATE TABLE IF NOT EXISTS host_verdicts (
+    machine_id bigint NOT NULL, verdict text NOT NULL, reason text NOT NULL, verdict_at timestamp NOT NULL,
+    expires_at timestamp);
+CREATE TABLE IF NOT EXISTS instance_tokens (instance_id text NOT NULL, token_sha256 text NOT NULL, issued_at timestamp NOT NULL);
+INSERT INTO schema_migrations (version, name) VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (9, 'logs_line_zstd')
+    ON CONFLICT DO NOTHING;
+"""
+
+
+def _instance_state_view() -> str:
+    """The view of migration 001, re-created in memory.main at every start (it reads pg's events)."""
+    sql = resources.files("ingest").joinpath("migrations", "001_initial.sql").read_text()
+    start = sql.index("CREATE VIEW instance_state")
+    return sql[start:].replace("CREATE VIEW instance_state", "CREATE OR REPLACE VIEW memory.main.instance_state", 1)
+
+
+def _extension_files() -> dict[str, Path]:
+    """The two extensions, copied once under the names their entry points expect."""
+    import duckdb_extension_ducklake
+    import duckdb_extension_postgres
+
+    version = "v" + duckdb.__version__
+    cache = Path(tempfile.gettempdir()) / f"fleetlog-duckdb-extensions-{os.getuid()}" / version
+    cache.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for module, packaged, name in (
+        (duckdb_extension_ducklake, "ducklake", "ducklake"),
+        (duckdb_extension_postgres, "postgres", "postgres_scanner"),
+    ):
+        source = Path(module.__file__).parent / "extensions" / version / f"{packaged}.duckdb_extension"
+        target = cache / f"{name}.duckdb_extension"
+        if not target.exists() or target.stat().st_size != source.stat().st_size:
+            partial = target.with_suffix(f".{os.getpid()}.part")
+            shutil.copyfile(source, partial)
+            os.replace(partial, target)
+        out[name] = target
+    return out
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def open_lake(dsn: str, data_path: str, memory_limit_mb: int = 256, temp_dir: str | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the lake and its PostgreSQL attached, schema created, locked down."""
+    if not dsn.startswith("postgres:"):
+        raise StoreError(f"lake: expected 'postgres:<libpq connection string>', got {dsn!r}")
+    pg_dsn = dsn.removeprefix("postgres:")
+    data = Path(data_path).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    try:
+        for path in _extension_files().values():
+            con.execute(f"LOAD {_quote(str(path))}")
+        con.execute(f"ATTACH {_quote('ducklake:postgres:' + pg_dsn)} AS {LAKE} (DATA_PATH {_quote(str(data) + '/')})")
+        con.execute(f"ATTACH {_quote(pg_dsn)} AS {PG} (TYPE postgres)")
+        con.execute(f"SET search_path = {_quote(SEARCH_PATH)}")
+        _create_schema(con)
+        con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
+        tmp = Path(temp_dir) if temp_dir else data.parent / (data.name + ".tmp")
+        con.execute(f"SET temp_directory = {_quote(str(tmp))}")
+        con.execute(f"SET max_temp_directory_size = '{int(memory_limit_mb) * store.TEMP_DIR_FACTOR}MB'")
+        con.execute(f"SET allowed_directories = [{_quote(str(data) + '/')}, {_quote(str(tmp) + '/')}]")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except duckdb.Error as e:
+        con.close()
+        raise StoreError(f"cannot open the lake {dsn!r} at {data_path}: {e}") from e
+    except Exception:
+        con.close()
+        raise
+    return con
+
+
+def _create_schema(con: duckdb.DuckDBPyConnection, attempts: int = 20) -> None:
+    """Idempotent; nodes starting together may conflict on the lake's catalog, so it is retried."""
+    for attempt in range(attempts):
+        try:
+            con.execute(f"CALL postgres_execute({_quote(PG)}, {_quote(PG_DDL)})")
+            for statement in filter(str.strip, LAKE_DDL.split(";")):
+                con.execute(statement)
+            break
+        except duckdb.Error as e:
+            if attempt == attempts - 1:
+                raise
+            logger.info("lake schema creation conflicted (%s); retrying", e)
+            time.sleep(0.1 * (attempt + 1))
+    for name in LAKE_TABLES:
+        con.execute(f"CREATE OR REPLACE VIEW memory.main.{name} AS SELECT * FROM {LAKE}.main.{name}")
+    for name in PG_TABLES:
+        con.execute(f"CREATE OR REPLACE VIEW memory.main.{name} AS SELECT * FROM {PG}.public.{name}")
+    con.execute(_instance_state_view())
+
+
+def write_batch(
+    con: duckdb.DuckDBPyConnection,
+    logs: store.LogColumns,
+    events: list[Event],
+    metrics: MetricRows,
+    instances: dict[str, int],
+    received_us: int,
+    actions: list[Callable[[duckdb.DuckDBPyConnection], Any]] = (),
+) -> tuple[list[bool], list[Any]]:
+    """``store.write_batch`` for the lake: PostgreSQL's part committed first, then the lake's."""
+    fresh: list[bool] = []
+    results: list[Any] = []
+    try:
+        if instances or events or actions:
+            con.execute("BEGIN")
+            try:
+                store._upsert_instances(con, instances, received_us)
+                if events:
+                    fresh = _write_events(con, events, received_us)
+                results = [action(con) for action in actions]
+                con.execute("COMMIT")
+            except Exception:
+                con.execute("ROLLBACK")
+                raise
+        if len(logs) or len(metrics):
+            store.write_batch(con, logs, [], metrics, {}, received_us)
+    except StoreError:
+        raise
+    except Exception as e:
+        raise StoreError(str(e)) from e
+    return fresh, results
+
+
+def _write_events(con: duckdb.DuckDBPyConnection, events: list[Event], received_us: int) -> list[bool]:
+    """PostgreSQL through DuckDB has no RETURNING: the keys already stored are read first (inside the
+    transaction; one writer owns an instance, so nothing else inserts them meanwhile)."""
+    keys = pa.table({
+        "instance_id": pa.array([e.instance_id for e in events], pa.string()),
+        "kind": pa.array([e.kind for e in events], pa.string()),
+        "ts_us": pa.array([e.ts_us for e in events], pa.int64()),
+    })
+    con.register("_event_keys", keys)
+    try:
+        stored = set(con.execute(
+            """SELECT e.instance_id, e.kind, epoch_us(e.ts) FROM events e
+               WHERE e.instance_id IN (SELECT DISTINCT instance_id FROM _event_keys)
+                 AND (e.instance_id, e.kind, epoch_us(e.ts)) IN (SELECT (instance_id, kind, ts_us) FROM _event_keys)"""
+        ).fetchall())
+    finally:
+        con.unregister("_event_keys")
+    fresh = [(e.instance_id, e.kind, e.ts_us) not in stored for e in events]
+    new_events = [e for e, is_new in zip(events, fresh) if is_new]
+    if new_events:
+        table = pa.Table.from_arrays(
+            [
+                pa.array([e.instance_id for e in new_events], pa.string()),
+                pa.array([e.kind for e in new_events], pa.string()),
+                pa.array([e.ts_us for e in new_events], pa.timestamp("us")),
+                pa.repeat(pa.scalar(received_us, pa.timestamp("us")), len(new_events)),
+                pa.array([store.orjson.dumps(e.body).decode() for e in new_events], pa.string()),
+            ],
+            schema=store.EVENT_SCHEMA,
+        )
+        con.register("_event_batch", table)
+        try:
+            con.execute("INSERT INTO events SELECT * FROM _event_batch ON CONFLICT DO NOTHING")
+        finally:
+            con.unregister("_event_batch")
+        store._apply_registered(con, [e for e in new_events if e.kind == "registered"])
+        store._apply_bench(con, [e for e in new_events if e.kind in ("bench_started", "bench_done")])
+    return fresh

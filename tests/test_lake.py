@@ -1,0 +1,120 @@
+"""The lake storage mode (ingest/lake.py) against a real PostgreSQL and a real DuckLake: the same
+push, read and SQL APIs, the same exactly-once, the same SQL guard."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import orjson
+import pytest
+
+from ingest.keys import DB
+from tests.lake_pg import Postgres, pg_bin
+
+pytestmark = pytest.mark.lake
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    bindir = pg_bin()
+    if bindir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is missing: run scripts/lake-deps.sh")
+        pytest.skip("PostgreSQL server binaries missing (scripts/lake-deps.sh installs them)")
+    pg = Postgres(bindir).start()
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
+@pytest.fixture
+async def lake_client(make_client, postgres, tmp_path):
+    dsn = postgres.createdb("t" + uuid.uuid4().hex[:12])
+    return await make_client(lake=dsn, lake_data=str(tmp_path / "lake"))
+
+
+def lines(n: int, start: int = 0) -> list[dict]:
+    return [{"seq": s, "ts": 1764415248.0 + s, "line": f"line {s}"} for s in range(start, start + n)]
+
+
+async def post(client, path: str, doc, **kw):
+    return await client.post(path, data=orjson.dumps(doc), headers={"Content-Type": "application/json"}, **kw)
+
+
+def rows(client, sql: str, params=()):
+    cursor = client.app[DB].cursor()
+    try:
+        return cursor.execute(sql, list(params)).fetchall()
+    finally:
+        cursor.close()
+
+
+async def test_lake_logs_land_in_the_lake_and_keyed_tables_in_postgres(lake_client):
+    r = await post(lake_client, "/api/v1/logs", {"instance_id": "C.1", "source": "benchout", "lines": lines(3)})
+    assert await r.json() == {"ok": True, "accepted": 3, "duplicates": 0}
+    assert rows(lake_client, "SELECT seq, line FROM lake.main.logs ORDER BY seq") == [(s, f"line {s}") for s in range(3)]
+    assert rows(lake_client, "SELECT instance_id FROM pg.public.instances") == [("C.1",)]
+    assert rows(lake_client, "SELECT count(*) FROM logs") == [(3,)]  # the same unqualified name
+
+
+async def test_lake_resend_is_counted_not_doubled(lake_client):
+    doc = {"instance_id": "C.1", "source": "benchout", "run_id": "r1", "lines": lines(5)}
+    assert (await (await post(lake_client, "/api/v1/logs", doc)).json())["accepted"] == 5
+    doc["lines"] = lines(8)
+    assert await (await post(lake_client, "/api/v1/logs", doc)).json() == {"ok": True, "accepted": 3, "duplicates": 5}
+    assert rows(lake_client, "SELECT count(*), count(DISTINCT seq) FROM logs") == [(8, 8)]
+
+
+async def test_lake_events_dedupe_and_bench_runs_match(lake_client):
+    events = [
+        {"instance_id": "C.1", "kind": "registered", "ts": 1795951000, "machine_id": 7, "gpu_model": "RTX 4090"},
+        {"instance_id": "C.1", "kind": "bench_started", "ts": 1795951010, "proofs": 4},
+        {"instance_id": "C.1", "kind": "bench_done", "ts": 1795951100, "exit_code": 0, "rate_per_hour": 31.5},
+    ]
+    for event in events:
+        assert (await post(lake_client, "/api/v1/events", event)).status == 200
+    again = await (await post(lake_client, "/api/v1/events", events[1])).json()
+    assert again.get("duplicates") == 1, again
+    assert rows(lake_client, "SELECT count(*) FROM events") == [(3,)]
+    assert rows(lake_client, "SELECT machine_id, gpu_model FROM instances") == [(7, "RTX 4090")]
+    assert rows(lake_client, "SELECT proofs, exit_code, rate_per_hour FROM bench_runs") == [(4, 0, 31.5)]
+    detail = await (await lake_client.get("/api/v1/instances/C.1")).json()
+    assert detail["state"] == "bench_done" and detail["rate_per_hour"] == 31.5, detail
+
+
+async def test_lake_tail_and_metrics_read_back(lake_client):
+    await post(lake_client, "/api/v1/logs", {"instance_id": "C.2", "source": "cuzk", "lines": lines(50)})
+    r = await lake_client.get("/api/v1/instances/C.2/logs?source=cuzk&tail=3")
+    assert [line["seq"] for line in (await r.json())["lines"]] == [47, 48, 49]
+    r = await post(lake_client, "/api/v1/metrics", {"instance_id": "C.2", "samples": [
+        {"name": "gpu_util", "ts": 1795951000, "value": 97.0, "labels": {"gpu": "0"}}]})
+    assert r.status == 200, await r.text()
+    assert rows(lake_client, "SELECT name, value FROM lake.main.metrics") == [("gpu_util", 97.0)]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM instance_tokens",
+    "SELECT * FROM pg.public.instance_tokens",
+    "SELECT * FROM ducklake_snapshot",
+    "SELECT * FROM ducklake_data_file",
+    "SELECT * FROM postgres_query('pg', 'SELECT * FROM instance_tokens')",
+    "SELECT * FROM read_parquet('/etc/passwd')",
+    "SELECT * FROM lake.main.logs",
+    "SELECT * FROM ducklake_snapshots('lake')",
+    "WITH x AS (DELETE FROM logs RETURNING *) SELECT * FROM x",
+])
+async def test_lake_sql_guard_refuses_secrets_files_and_the_catalog(lake_client, sql):
+    await post(lake_client, "/api/v1/logs", {"instance_id": "C.1", "source": "s", "lines": lines(2)})
+    r = await post(lake_client, "/api/v1/query", {"sql": sql})
+    assert r.status == 400, (sql, await r.text())
+    assert rows(lake_client, "SELECT count(*) FROM logs") == [(2,)]
+
+
+async def test_lake_sql_api_reads_lake_and_postgres_tables_in_one_statement(lake_client):
+    await post(lake_client, "/api/v1/events", {"instance_id": "C.1", "kind": "registered", "ts": 1795951000, "machine_id": 7})
+    await post(lake_client, "/api/v1/logs", {"instance_id": "C.1", "source": "s", "lines": lines(4)})
+    r = await post(lake_client, "/api/v1/query", {"sql": "SELECT i.machine_id, count(*) FROM logs l JOIN instances i USING (instance_id) GROUP BY 1"})
+    assert r.status == 200, await r.text()
+    assert (await r.json())["rows"] == [[7, 4]]
