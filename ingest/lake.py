@@ -265,3 +265,31 @@ def _write_events(con: duckdb.DuckDBPyConnection, events: list[Event], received_
         store._apply_registered(con, [e for e in new_events if e.kind == "registered"])
         store._apply_bench(con, [e for e in new_events if e.kind in ("bench_started", "bench_done")])
     return fresh
+
+
+def maintain(con: duckdb.DuckDBPyConnection, snapshot_keep_s: float = 3600.0) -> dict[str, int]:
+    """One maintenance pass, on a cursor of its own (never the writer's connection): keep the lake's
+    files sorted by stream (tails read few row groups), merge the one-file-per-commit output into
+    larger files, expire snapshots older than ``snapshot_keep_s`` and delete the files nothing
+    references any more. Only appends to logs run meanwhile, and DuckLake does not conflict an
+    append with a merge; returns the data file counts before and after.
+
+    Retention is not a DELETE here (a DELETE on logs conflicts with every concurrent insert): see
+    docs/scale-out.md."""
+    cur = con.cursor()
+    try:
+        def files() -> int:
+            return sum(cur.execute(f"SELECT count(*) FROM ducklake_list_files('{LAKE}', '{t}')").fetchone()[0]
+                       for t in LAKE_TABLES)
+
+        before = files()
+        for table in LAKE_TABLES:
+            key = "instance_id, source, run_id, seq" if table == "logs" else "instance_id, name, ts"
+            cur.execute(f"ALTER TABLE {LAKE}.main.{table} SET SORTED BY ({key})")
+        cur.execute(f"CALL ducklake_flush_inlined_data('{LAKE}')")
+        cur.execute(f"CALL ducklake_merge_adjacent_files('{LAKE}')")
+        cur.execute(f"CALL ducklake_expire_snapshots('{LAKE}', older_than => now() - to_seconds({float(snapshot_keep_s)}))")
+        cur.execute(f"CALL ducklake_cleanup_old_files('{LAKE}', cleanup_all => true)")
+        return {"files_before": before, "files_after": files()}
+    finally:
+        cur.close()

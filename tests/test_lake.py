@@ -118,3 +118,18 @@ async def test_lake_sql_api_reads_lake_and_postgres_tables_in_one_statement(lake
     r = await post(lake_client, "/api/v1/query", {"sql": "SELECT i.machine_id, count(*) FROM logs l JOIN instances i USING (instance_id) GROUP BY 1"})
     assert r.status == 200, await r.text()
     assert (await r.json())["rows"] == [[7, 4]]
+
+
+async def test_lake_maintenance_merges_commit_files_and_keeps_every_line(lake_client):
+    for batch in range(12):  # one commit each: one Parquet file each
+        doc = {"instance_id": "C.1", "source": "s", "lines": lines(200, start=batch * 200)}
+        assert (await (await post(lake_client, "/api/v1/logs", doc)).json())["accepted"] == 200
+    from ingest import lake
+
+    counts = lake.maintain(lake_client.app[DB], snapshot_keep_s=0)
+    assert counts["files_after"] < counts["files_before"], counts
+    assert rows(lake_client, "SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM logs") == [(2400, 2400, 0, 2399)]
+    more = await (await post(lake_client, "/api/v1/logs", {"instance_id": "C.1", "source": "s", "lines": lines(5, start=2398)})).json()
+    assert more == {"ok": True, "accepted": 3, "duplicates": 2}
+    r = await lake_client.get("/api/v1/instances/C.1/logs?source=s&tail=2")
+    assert [line["seq"] for line in (await r.json())["lines"]] == [2401, 2402]
