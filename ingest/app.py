@@ -8,7 +8,7 @@ import logging
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from ingest import otlpgrpc
+from ingest import forward, otlpgrpc
 from ingest.auth import InstanceRateLimiter, TokenBook, build_auth_middleware
 from ingest.budget import MemoryBudget
 from ingest.config import Settings
@@ -70,6 +70,8 @@ def create_app(settings: Settings) -> web.Application:
                                    ingest_metrics.client_disconnects.inc),
             build_body_middleware(budget, settings.http_body_timeout_s),
             build_auth_middleware(tokens),
+            *([forward.build_forward_middleware(lambda a: a[CORE].slots, settings.max_body_bytes, settings.retry_after_s)]
+              if settings.lake else []),
         ],
         client_max_size=settings.max_body_bytes,
     )
@@ -87,6 +89,8 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_core)
     app.cleanup_ctx.append(_policy_timer)
     app.cleanup_ctx.append(_otlp_grpc)
+    if settings.lake:
+        app.cleanup_ctx.append(forward.session_ctx)
     app.router.add_post("/api/v1/logs", push.post_logs)
     app.router.add_post("/api/v1/events", push.post_events)
     app.router.add_post("/api/v1/metrics", push.post_metrics)

@@ -88,6 +88,9 @@ class Settings:
     )
     lake: str = _setting("", "lake mode: 'postgres:<libpq string>' of the DuckLake catalog and keyed tables (empty: the single file db)")
     lake_data: str = _setting("./var/lake", "lake mode: directory holding the lake's Parquet files, shared by every node")
+    node_id: str = _setting("", "lake mode: this node's name, unique among the nodes of a lake (empty: host:port)")
+    advertise_url: str = _setting("", "lake mode: base URL other nodes forward pushes to (empty: http://host:port)")
+    lake_lease_s: float = _setting(6.0, "lake mode: how long a node's lease on its instances lasts without renewal", minimum=1)
 
     @property
     def tokens_enabled(self) -> bool:

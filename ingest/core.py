@@ -5,19 +5,23 @@ use it. ``Writer`` and ``Reader`` are the only two doors to DuckDB.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
 import duckdb
+
+import functools
 
 from ingest import lake, store
 from ingest.actuator import build_actuator
 from ingest.config import Settings
 from ingest.fleetgauges import FleetCollector, GpuCollector
 from ingest.observe import IngestMetrics, LiveStateCollector
-from ingest.policy import PolicyEngine, PolicyParams, load_rules
+from ingest.policy import CycleReport, PolicyEngine, PolicyParams, load_rules
 from ingest.queryfiles import compose
 from ingest.reader import Reader
+from ingest.slots import Slots, slot_of
 from ingest.streams import StreamIndex
 from ingest.tailcache import TailCache
 from ingest.writer import Writer
@@ -32,6 +36,24 @@ def _open_storage(settings: Settings) -> duckdb.DuckDBPyConnection:
     return store.open_database(settings.db, settings.duckdb_memory_limit_mb)
 
 
+def _slots(settings: Settings) -> Slots:
+    node_id = settings.node_id or f"{settings.host}:{settings.port}"
+    url = settings.advertise_url or f"http://{settings.host}:{settings.port}"
+    return Slots(settings.lake.removeprefix("postgres:"), node_id, url, settings.lake_lease_s)
+
+
+def _one_policy_runner(policy: PolicyEngine, slots: Slots) -> None:
+    """Lake mode: a policy cycle runs only on the node holding the PostgreSQL advisory lock."""
+    run_cycle = policy.run_cycle
+
+    async def gated(execute: bool, now=None):
+        if await asyncio.to_thread(slots.try_policy_lock):
+            return await run_cycle(execute, now)
+        return CycleReport(execute)
+
+    policy.run_cycle = gated
+
+
 @dataclass
 class Core:
     con: duckdb.DuckDBPyConnection  # the writer's; nobody else touches it
@@ -42,12 +64,14 @@ class Core:
     policy: PolicyEngine
     hosts_sql: str  # queries/hosts.sql with host_performance in front
     settings: Settings
+    slots: Slots | None = None  # lake mode: which instances this node owns (ingest/slots.py)
 
     @classmethod
     def open(cls, settings: Settings, metrics: IngestMetrics) -> "Core":
         rules = load_rules(settings.queries_path)  # a broken rule stops start-up before the database opens
         hosts_sql = compose(settings.queries_path / "hosts.sql", settings.queries_path)
         con = _open_storage(settings)
+        slots = _slots(settings) if settings.lake else None
         index = StreamIndex()
         cursor = con.cursor()
         index.load(cursor)
@@ -60,7 +84,7 @@ class Core:
             queue_max_rows=settings.queue_max_rows,
             retry_after_s=settings.retry_after_s,
             db_path=None if settings.lake else settings.db,
-            write_batch=lake.write_batch if settings.lake else store.write_batch,
+            write_batch=functools.partial(lake.write_batch, fence=lake.slot_fence(slots)) if slots else store.write_batch,
         )
         reader = Reader(
             con, index, tail, metrics,
@@ -100,9 +124,13 @@ class Core:
             FleetCollector(reader, index, hosts_sql, settings.min_rate, settings.query_timeout_s)
         )
         metrics.registry.register(GpuCollector(reader, settings.gpu_gauge_window_s, settings.query_timeout_s))
-        core = cls(con, reader, index, tail, writer, policy, hosts_sql, settings)
+        core = cls(con, reader, index, tail, writer, policy, hosts_sql, settings, slots)
         writer._reopen = core.reopen
         writer.start()
+        if slots is not None:
+            slots.on_acquire = core.adopt_slots
+            _one_policy_runner(policy, slots)
+            slots.start()
         logger.info("database %s open, %d log streams indexed, %d policy rules", settings.db, index.stream_count(), len(rules))
         return core
 
@@ -128,8 +156,24 @@ class Core:
         self.reader.resume(con)
         return con
 
+    def adopt_slots(self, taken: set[int]) -> None:
+        """Lake mode, on the lease thread, before a slot taken over is served: its instances' seq
+        ranges are read again from the lake (the previous owner's last commits included)."""
+        fresh = StreamIndex()
+        cursor = self.reader.cursor()
+        try:
+            fresh.load(cursor)
+        finally:
+            cursor.close()
+        affected = {i for i in set(self.index.instances()) | set(fresh.instances()) if slot_of(i) in taken}
+        self.index.adopt(fresh, affected)
+        for instance_id in affected:
+            self.tail.forget(instance_id)
+
     async def close(self) -> None:
         await self.writer.stop()
         await self.reader.close()  # interrupts what still reads and waits for it
+        if self.slots is not None:
+            await asyncio.to_thread(self.slots.stop)  # after the writer: its last commits were fenced
         self.con.close()
         logger.info("writer drained, database closed")

@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from ingest import store
 from ingest.codec import Event, MetricRows
-from ingest.errors import StoreError
+from ingest.errors import Overloaded, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +194,9 @@ def _create_schema(con: duckdb.DuckDBPyConnection, attempts: int = 20) -> None:
     con.execute(_instance_state_view())
 
 
+Fence = Callable[[duckdb.DuckDBPyConnection, set[str]], None]
+
+
 def write_batch(
     con: duckdb.DuckDBPyConnection,
     logs: store.LogColumns,
@@ -202,10 +205,15 @@ def write_batch(
     instances: dict[str, int],
     received_us: int,
     actions: list[Callable[[duckdb.DuckDBPyConnection], Any]] = (),
+    fence: Fence | None = None,
 ) -> tuple[list[bool], list[Any]]:
-    """``store.write_batch`` for the lake: PostgreSQL's part committed first, then the lake's."""
+    """``store.write_batch`` for the lake: PostgreSQL's part committed first, then the lake's; with
+    several nodes, ``fence`` checks inside each transaction that this node still owns every instance
+    written (ingest/slots.py) and raises Overloaded (503, the client retries) when not."""
     fresh: list[bool] = []
     results: list[Any] = []
+    owned = set(instances) | {e.instance_id for e in events} | set(logs.instance_id) | set(metrics.instance_id)
+    checks = [lambda c: fence(c, owned)] if fence is not None and owned else []
     try:
         if instances or events or actions:
             con.execute("BEGIN")
@@ -214,17 +222,34 @@ def write_batch(
                 if events:
                     fresh = _write_events(con, events, received_us)
                 results = [action(con) for action in actions]
+                for check in checks:
+                    check(con)
                 con.execute("COMMIT")
             except Exception:
                 con.execute("ROLLBACK")
                 raise
         if len(logs) or len(metrics):
-            store.write_batch(con, logs, [], metrics, {}, received_us)
+            store.write_batch(con, logs, [], metrics, {}, received_us, checks)
     except StoreError:
         raise
     except Exception as e:
         raise StoreError(str(e)) from e
     return fresh, results
+
+
+def slot_fence(slots) -> Fence:
+    """The fence of ``write_batch`` for a node holding ``slots`` (an ingest.slots.Slots)."""
+
+    def fence(con: duckdb.DuckDBPyConnection, instance_ids: set[str]) -> None:
+        sql = slots.fence_sql(instance_ids)
+        if sql is not None:
+            n, want = con.execute(f"SELECT * FROM postgres_query({_quote(PG)}, {_quote(sql)})").fetchone()
+            if n == want:
+                return
+        raise Overloaded("this node no longer owns an instance of the request; retry (another node serves it)",
+                         retry_after_s=1)
+
+    return fence
 
 
 def _write_events(con: duckdb.DuckDBPyConnection, events: list[Event], received_us: int) -> list[bool]:

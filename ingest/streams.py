@@ -176,6 +176,17 @@ class StreamIndex:
             for key in self._by_instance.pop(instance_id, ()):
                 del self._streams[key]
 
+    def adopt(self, other: "StreamIndex", instance_ids: set[str]) -> None:
+        """Replace what is known of ``instance_ids`` by ``other``'s (lake mode: a slot taken over
+        from another node, its ranges read from the lake)."""
+        with self._lock:
+            for instance_id in instance_ids:
+                for key in self._by_instance.pop(instance_id, ()):
+                    del self._streams[key]
+                for key in other._by_instance.get(instance_id, ()):
+                    self._streams[key] = other._streams[key]
+                    self._by_instance.setdefault(instance_id, set()).add(key)
+
     def instances(self) -> list[str]:
         with self._lock:
             return list(self._by_instance)

@@ -278,6 +278,10 @@ class Writer:
                     _resolve(request, error=Overloaded(f"the database is out of memory ({e}); retry later",
                                                        retry_after_s=self.retry_after_s))
                 return
+            if isinstance(e.__cause__, Overloaded):  # lake mode: a slot moved to another node (ingest/slots.py)
+                for request in batch:
+                    _resolve(request, error=e.__cause__)
+                return
             if len(batch) > 1:
                 logger.warning("group commit of %d requests failed (%s); retrying one by one", len(batch), e)
                 for request in batch:

@@ -45,6 +45,7 @@ class BodyRules:
 
 
 BODY = web.RequestKey("body_rules", BodyRules)
+PRELOADED_BODY = web.RequestKey("preloaded_body", bytes)  # lake mode: read (and split) by ingest/forward.py
 
 
 def dumps(value: Any) -> bytes:
@@ -65,6 +66,9 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     The length is checked before reading when declared, and chunk by chunk while reading, so a
     small gzip body that inflates past the limit is refused without being held in memory.
     """
+    preloaded = request.get(PRELOADED_BODY)
+    if preloaded is not None:
+        return preloaded
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(f"body: {declared} bytes is over the limit of {max_bytes}")
