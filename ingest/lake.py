@@ -39,11 +39,13 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import duckdb
+import psycopg
 import pyarrow as pa
 
 from ingest import store
@@ -154,10 +156,11 @@ def open_lake(dsn: str, data_path: str, memory_limit_mb: int = 256, temp_dir: st
     try:
         for path in _extension_files().values():
             con.execute(f"LOAD {_quote(str(path))}")
-        con.execute(f"ATTACH {_quote('ducklake:postgres:' + pg_dsn)} AS {LAKE} (DATA_PATH {_quote(str(data) + '/')})")
-        con.execute(f"ATTACH {_quote(pg_dsn)} AS {PG} (TYPE postgres)")
-        con.execute(f"SET search_path = {_quote(SEARCH_PATH)}")
-        _create_schema(con)
+        with _init_lock(pg_dsn):  # nodes starting together would each create the lake's catalog
+            con.execute(f"ATTACH {_quote('ducklake:postgres:' + pg_dsn)} AS {LAKE} (DATA_PATH {_quote(str(data) + '/')})")
+            con.execute(f"ATTACH {_quote(pg_dsn)} AS {PG} (TYPE postgres)")
+            con.execute(f"SET search_path = {_quote(SEARCH_PATH)}")
+            _create_schema(con)
         con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
         tmp = Path(temp_dir) if temp_dir else data.parent / (data.name + ".tmp")
         con.execute(f"SET temp_directory = {_quote(str(tmp))}")
@@ -172,6 +175,23 @@ def open_lake(dsn: str, data_path: str, memory_limit_mb: int = 256, temp_dir: st
         con.close()
         raise
     return con
+
+
+INIT_LOCK_KEY = 0x666C6F68
+
+
+@contextmanager
+def _init_lock(pg_dsn: str) -> Iterator[None]:
+    """A PostgreSQL session advisory lock held while this node attaches and creates the schema."""
+    try:
+        conn = psycopg.connect(pg_dsn, autocommit=True)
+    except psycopg.Error as e:
+        raise StoreError(f"lake: cannot connect to PostgreSQL: {e}") from e
+    try:
+        conn.execute("SELECT pg_advisory_lock(%s)", [INIT_LOCK_KEY])
+        yield
+    finally:
+        conn.close()  # the lock goes with the session
 
 
 def _create_schema(con: duckdb.DuckDBPyConnection, attempts: int = 20) -> None:
@@ -316,5 +336,22 @@ def maintain(con: duckdb.DuckDBPyConnection, snapshot_keep_s: float = 3600.0) ->
         cur.execute(f"CALL ducklake_expire_snapshots('{LAKE}', older_than => now() - to_seconds({float(snapshot_keep_s)}))")
         cur.execute(f"CALL ducklake_cleanup_old_files('{LAKE}', cleanup_all => true)")
         return {"files_before": before, "files_after": files()}
+    finally:
+        cur.close()
+
+
+# Every log line stored once: (instance_id, source, run_id, seq) never twice across the whole lake.
+AUDIT_SQL = """
+SELECT instance_id, source, run_id, seq, count(*) AS copies
+FROM logs GROUP BY instance_id, source, run_id, seq HAVING count(*) > 1
+ORDER BY copies DESC, instance_id, source, run_id, seq LIMIT 100
+"""
+
+
+def audit(con: duckdb.DuckDBPyConnection) -> list[tuple]:
+    """The log lines stored more than once (at most 100); empty when exactly-once held."""
+    cur = con.cursor()
+    try:
+        return cur.execute(AUDIT_SQL).fetchall()
     finally:
         cur.close()

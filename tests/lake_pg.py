@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import free_port
 
 
@@ -74,3 +76,18 @@ class Postgres:
         if self.proc is not None:
             self.log.close()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One PostgreSQL for the session's lake tests (each test makes its own database)."""
+    bindir = pg_bin()
+    if bindir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is missing: run scripts/lake-deps.sh")
+        pytest.skip("PostgreSQL server binaries missing (scripts/lake-deps.sh installs them)")
+    pg = Postgres(bindir).start()
+    try:
+        yield pg
+    finally:
+        pg.stop()

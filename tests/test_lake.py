@@ -4,7 +4,6 @@ push, read and SQL APIs, the same exactly-once, the same SQL guard."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 
@@ -13,23 +12,9 @@ import pytest
 
 from ingest.keys import CORE, DB
 from ingest.slots import SLOTS
-from tests.lake_pg import Postgres, pg_bin
+from tests.lake_pg import postgres  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.lake
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    bindir = pg_bin()
-    if bindir is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL is missing: run scripts/lake-deps.sh")
-        pytest.skip("PostgreSQL server binaries missing (scripts/lake-deps.sh installs them)")
-    pg = Postgres(bindir).start()
-    try:
-        yield pg
-    finally:
-        pg.stop()
 
 
 @pytest.fixture
@@ -142,3 +127,43 @@ async def test_lake_maintenance_merges_commit_files_and_keeps_every_line(lake_cl
     assert more == {"ok": True, "accepted": 3, "duplicates": 2}
     r = await lake_client.get("/api/v1/instances/C.1/logs?source=s&tail=2")
     assert [line["seq"] for line in (await r.json())["lines"]] == [2401, 2402]
+
+
+def _pg(client):
+    import psycopg
+
+    return psycopg.connect(client.app[CORE].settings.lake.removeprefix("postgres:"), autocommit=True)
+
+
+async def test_lake_commit_is_fenced_when_another_node_took_the_slot(lake_client):
+    assert (await (await post(lake_client, "/api/v1/logs", {"instance_id": "C.9", "source": "s", "lines": lines(2)})).json())["accepted"] == 2
+    with _pg(lake_client) as conn:  # another node takes every slot; this one has not noticed yet
+        conn.execute("UPDATE fleetlog_slots SET owner = 'thief', url = 'http://127.0.0.1:9', token = token + 1, "
+                     "expires_at = now() + interval '1 hour'")
+    r = await post(lake_client, "/api/v1/logs", {"instance_id": "C.9", "source": "s", "lines": lines(3, start=2)})
+    assert r.status == 503 and r.headers["Retry-After"] == "1", await r.text()
+    r = await post(lake_client, "/api/v1/events", {"instance_id": "C.9", "kind": "registered", "ts": 1795951000})
+    assert r.status == 503, await r.text()
+    assert rows(lake_client, "SELECT count(*) FROM logs") == [(2,)]
+    assert rows(lake_client, "SELECT count(*) FROM events") == [(0,)]
+
+
+def test_lake_one_policy_runner_at_a_time(postgres):  # noqa: F811
+    from ingest.slots import Slots
+
+    dsn = postgres.createdb("p" + uuid.uuid4().hex[:12]).removeprefix("postgres:")
+    a, b = Slots(dsn, "a", "http://a", 3.0), Slots(dsn, "b", "http://b", 3.0)
+    a.start()
+    b.start()
+    try:
+        assert a.try_policy_lock() is True
+        assert b.try_policy_lock() is False
+        assert a.try_policy_lock() is True  # kept between cycles
+        a.stop()  # the node goes away: its session, and the lock with it (once PostgreSQL notices)
+        deadline = time.monotonic() + 30
+        while not b.try_policy_lock():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        a.stop()
+        b.stop()
