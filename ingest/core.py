@@ -84,7 +84,7 @@ class Core:
             queue_max_rows=settings.queue_max_rows,
             retry_after_s=settings.retry_after_s,
             db_path=None if settings.lake else settings.db,
-            write_batch=functools.partial(lake.write_batch, fence=lake.slot_fence(slots)) if slots else store.write_batch,
+            write_batch=functools.partial(lake.write_batch, fence=lake.slot_fence(slots)) if slots else None,
         )
         reader = Reader(
             con, index, tail, metrics,

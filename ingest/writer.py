@@ -97,7 +97,7 @@ class Writer:
         retry_after_s: int,
         reopen: Callable[[], duckdb.DuckDBPyConnection] | None = None,
         db_path: str | None = None,
-        write_batch: Callable[..., tuple[list[bool], list[Any]]] = store.write_batch,  # lake mode: ingest.lake's
+        write_batch: Callable[..., tuple[list[bool], list[Any]]] | None = None,  # lake mode: ingest.lake's
     ) -> None:
         self._con = con
         self._write_batch = write_batch
@@ -261,7 +261,7 @@ class Writer:
         staged = self._stage(batch)
         started = time.perf_counter()
         try:
-            fresh, action_results = self._write_batch(
+            fresh, action_results = (self._write_batch or store.write_batch)(
                 self._con, staged.logs, staged.events, staged.metrics, staged.instances, now_us(), staged.actions
             )
         except StoreError as e:
