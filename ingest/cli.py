@@ -195,7 +195,7 @@ def print_report(report: dict, decisions: list[dict], fmt: str) -> None:
     ids = set(_decided_ids(report))
     rows = sorted((d for d in decisions if d["id"] in ids), key=lambda d: d["id"])
     if fmt == "table":
-        mode = "executed" if report.get("execute") else "dry run (decisions proposed; --execute carries them out)"
+        mode = "executed" if report.get("execute") else "dry run"
         sys.stdout.write(f"policy run, {mode}: {report.get('classified', 0)} failures classified, "
                          f"{len(report.get('new_decisions', []))} new decisions, {len(report.get('executed', []))} "
                          f"carried out, {len(report.get('failed', []))} failed, {report.get('capped', 0)} capped\n")

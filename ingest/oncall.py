@@ -146,6 +146,8 @@ def logs(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
         if last is not None:
             params.update(run_id=last[0], after_seq=last[1])
         for line in client.stream(path, timeout_s=3600, **params):
+            if last is not None and (line["run_id"], line["seq"]) <= last:
+                continue  # already printed (a follow that starts with no new line resends from the start)
             last = (line["run_id"], line["seq"])
             if pattern is None or pattern.search(line["line"]):
                 _emit_lines([line], fmt, out, header=False)

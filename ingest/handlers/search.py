@@ -2,7 +2,8 @@
 
 Answers ``{"hits": [{"instance_id", "source", "run_id", "seq", "ts", "line"}], "truncated"}``, newest
 first. ``since`` and ``until`` are a duration back from now (``90s``, ``30m``, ``24h``, ``7d``), epoch
-seconds or ISO-8601; ``since`` defaults to 24 hours ago, ``until`` to now. The read token suffices.
+seconds or ISO-8601; ``since`` defaults to 24 hours ago, ``until`` to now. ``limit`` (default 100) is
+capped at 1000. The read token suffices.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ async def get_search(request: web.Request) -> web.Response:
     query = search.SearchQuery(
         text=q, regex=regex == "1", since_us=since, until_us=until,
         source=request.query.get("source") or None, instance_id=request.query.get("instance") or None,
-        limit=_int_param(request, "limit", search.DEFAULT_LIMIT, minimum=1, maximum=search.MAX_LIMIT),
+        limit=min(_int_param(request, "limit", search.DEFAULT_LIMIT, minimum=1), search.MAX_LIMIT),  # capped
     )
     hits, truncated = await run_read(request, "search", search.search, query)
     for hit in hits:
