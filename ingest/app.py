@@ -13,7 +13,7 @@ from ingest.auth import InstanceRateLimiter, TokenBook, build_auth_middleware
 from ingest.config import Settings
 from ingest.core import Core
 from ingest.handlers import health, hosts, otlp, page, push, query, read
-from ingest.handlers import search as search_handlers
+from ingest.handlers import queries as query_files, search as search_handlers
 from ingest.handlers.http import build_error_middleware
 from ingest.keys import CORE, DB, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
 from ingest.observe import IngestMetrics
@@ -97,5 +97,6 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)
     app.router.add_get("/api/v1/search", search_handlers.get_search)
+    app.router.add_get("/api/v1/queries", query_files.get_queries)
     page.setup(app)
     return app

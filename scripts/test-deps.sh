@@ -31,7 +31,7 @@ has chromium >/dev/null || missing_full+=(chromium)      # tests/test_page.py; i
 if ((${#missing[@]} + ${#missing_full[@]} == 0)); then
     exit 0
 fi
-if [[ $(id -u) != 0 ]]; then
+if ((EUID != 0)); then
     {
         echo "make test: the tests need Debian packages that are not installed. As root, run:"
         echo
