@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -21,6 +22,19 @@ from ingest.config import Settings
 from ingest.keys import WRITER
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+SUBPROCESS_FIXTURES = {"server_process", "agent", "prometheus", "page"}
+
+
+@pytest.fixture(autouse=True)
+def collect_what_subprocess_tests_leave(request):
+    """A test that drove subprocesses collects its garbage before it ends: a pipe or transport it
+    left unclosed then fails that test (filterwarnings = error), not whichever test the garbage
+    collector happens to run in later (under load, tests/test_malformed_bodies.py's long loop)."""
+    yield
+    if SUBPROCESS_FIXTURES.intersection(request.fixturenames):
+        gc.collect()
 
 
 @pytest.fixture
