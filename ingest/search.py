@@ -2,7 +2,8 @@
 
 ``search`` runs on its own cursor with a deadline (like every read); the window ``[since_us,
 until_us)`` keeps it to the row groups whose ``ts`` can match (DuckDB's min/max zone maps), so the
-cost follows the window, not the table. Text is matched case-insensitively as a plain substring, or
+cost follows the window, not the table; and the window is searched newest part first, stopping at
+``limit`` hits. Text is matched case-insensitively as a plain substring, or
 as a regular expression (RE2, DuckDB's) when ``regex`` is set; a pattern RE2 refuses is the client's
 error.
 """
@@ -23,6 +24,7 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 DEFAULT_WINDOW_S = 24 * 3600.0
 MAX_PATTERN_CHARS = 1000
+CHUNKS_S = (3600.0, 6 * 3600.0)  # searched first: the last hour, then the last 6 hours
 
 SEARCH_SQL = """
 SELECT instance_id, source, run_id, seq, ts, line FROM logs
@@ -51,25 +53,51 @@ def check_pattern(cursor, text: str) -> None:
         raise QueryError(f"q: not a valid regular expression: {str(e).splitlines()[-1][:200]}") from e
 
 
+def _chunks(since_us: int, until_us: int) -> list[tuple[int, int]]:
+    """The window cut newest first: the last hour, the 5 before, then the rest."""
+    out, upper = [], until_us
+    for back_s in CHUNKS_S:
+        lower = max(since_us, until_us - int(back_s * 1_000_000))
+        if lower < upper:
+            out.append((lower, upper))
+            upper = lower
+    if since_us < upper:
+        out.append((since_us, upper))
+    return out
+
+
 def search(con, timeout_s: float, query: SearchQuery) -> tuple[list[dict[str, Any]], bool]:
-    """Hits as dicts (``ts`` in epoch microseconds), newest first, and whether more matched than ``limit``."""
+    """Hits as dicts (``ts`` in epoch microseconds), newest first, and whether more matched than ``limit``.
+
+    The window is searched newest part first, and the search stops once ``limit`` lines are found:
+    a common word costs a scan of the last hour, not of the whole day.
+    """
     if not query.text or len(query.text) > MAX_PATTERN_CHARS:
         raise QueryError(f"q: expected 1 to {MAX_PATTERN_CHARS} characters")
-    params: dict[str, Any] = {"since": query.since_us, "until": query.until_us, "limit": query.limit + 1, "q": query.text}
+    params: dict[str, Any] = {"q": query.text}
     if query.regex:
         filters = ["AND regexp_matches(line, $q, 'i')"]
-    else:  # ILIKE without wildcards of the user's: % and _ are escaped
+    elif re.search(r"[\\%_]", query.text):  # ILIKE without the user's wildcards: % and _ escaped
         filters = ["AND line ILIKE $q ESCAPE '\\'"]
         params["q"] = "%" + re.sub(r"([\\%_])", r"\\\1", query.text) + "%"
+    else:  # the common case, and twice as fast: no ESCAPE clause
+        filters = ["AND line ILIKE $q"]
+        params["q"] = "%" + query.text + "%"
     for column, value in (("source", query.source), ("instance_id", query.instance_id)):
         if value is not None:
             filters.append(f"AND {column} = ${column}")
             params[column] = value
+    sql = SEARCH_SQL.format(filters=" ".join(filters))
+    rows: list[tuple] = []
     with deadline_cursor(con, timeout_s) as cur:
         if query.regex:
             check_pattern(cur, query.text)
-        cur.execute(SEARCH_SQL.format(filters=" ".join(filters)), params)
-        rows = cur.fetchall()
+        for lower, upper in _chunks(query.since_us, query.until_us):
+            want = query.limit + 1 - len(rows)
+            cur.execute(sql, {**params, "since": lower, "until": upper, "limit": want})
+            rows += cur.fetchall()
+            if len(rows) > query.limit:
+                break
     hits = [
         {"instance_id": i, "source": s, "run_id": r, "seq": seq, "ts": datetime_to_us(ts), "line": line}
         for i, s, r, seq, ts, line in rows[: query.limit]

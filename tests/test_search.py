@@ -81,3 +81,21 @@ async def test_search_needs_a_token_and_the_read_token_suffices(fleet):
     r = await fleet.get("/api/v1/search", params={"q": "memory"})
     assert r.status == 401
     assert (await search(fleet, q="memory"))["hits"]
+
+
+async def test_search_across_the_window_parts_keeps_newest_first_and_the_limit(fleet):
+    now = utcnow()
+
+    class Admin:
+        async def post(self, path, data):
+            return await fleet.post(path, data=data, headers={"Authorization": "Bearer " + "a" * 20})
+
+    for hours, instance in ((0.5, "C.h0"), (3, "C.h3"), (12, "C.h12"), (20, "C.h20")):
+        await push_lines(Admin(), instance, "benchout", ["Xid 79: GPU has fallen off the bus"],
+                         at=now - dt.timedelta(hours=hours))
+    doc = await search(fleet, q="fallen off the bus")
+    assert [h["instance_id"] for h in doc["hits"]] == ["C.h0", "C.h3", "C.h12", "C.h20"] and not doc["truncated"]
+    doc = await search(fleet, q="fallen off the bus", limit="2")
+    assert [h["instance_id"] for h in doc["hits"]] == ["C.h0", "C.h3"] and doc["truncated"]
+    doc = await search(fleet, q="fallen off the bus", limit="3")
+    assert [h["instance_id"] for h in doc["hits"]] == ["C.h0", "C.h3", "C.h12"] and doc["truncated"]
