@@ -67,13 +67,21 @@ def print_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: Text
     out.write(f"({len(cells)} row{'s' if len(cells) != 1 else ''})\n")
 
 
+def _csv_cell(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return orjson.dumps(value).decode()
+    return value
+
+
 def print_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, out: TextIO = sys.stdout) -> None:
     if fmt == "json":
         out.write(orjson.dumps([dict(zip(columns, row)) for row in rows], default=str).decode() + "\n")
     elif fmt == "csv":
         writer = csv.writer(out)
         writer.writerow(columns)
-        writer.writerows([["true" if v is True else "false" if v is False else v for v in row] for row in rows])
+        writer.writerows([[_csv_cell(v) for v in row] for row in rows])
     else:
         print_table(columns, rows, out)
 
