@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-deps bench clean
+.PHONY: run test test-deps bench clean images
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,3 +33,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
+
+# Both images (fleetlog-ingest, fleetlog-agent) with podman or docker; without a registry, from a
+# local Debian base (docker/build-images.sh says which settings it reads).
+images:
+	docker/build-images.sh

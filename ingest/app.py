@@ -99,4 +99,5 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/api/v1/search", search_handlers.get_search)
     app.router.add_get("/api/v1/queries", query_files.get_queries)
     page.setup(app)
+    app.on_shutdown.append(read.on_shutdown)
     return app

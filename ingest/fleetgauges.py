@@ -2,14 +2,15 @@
 
 So that Grafana can draw the fleet through Prometheus: instances by state, best benchmark rate per
 machine, bad and eligible machines, failed runs by class, instances with incomplete logs, decisions
-by action and state. Each scrape runs a few small queries on a reader cursor with a deadline.
+by action and state. Each scrape runs a few small queries on a cursor of the Reader (``ingest/reader.py``),
+with a deadline.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import orjson
 
@@ -19,6 +20,9 @@ from prometheus_client.registry import Collector
 from ingest import reads
 from ingest.policy import utcnow
 from ingest.streams import StreamIndex
+
+if TYPE_CHECKING:
+    from ingest.reader import Reader
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +36,7 @@ UNDECLARED = """SELECT DISTINCT b.instance_id FROM bench_runs b WHERE b.done_at 
 
 
 class FleetCollector(Collector):
-    def __init__(self, reader, index: StreamIndex, hosts_sql: str, min_rate: float,
+    def __init__(self, reader: "Reader", index: StreamIndex, hosts_sql: str, min_rate: float,
                  timeout_s: float) -> None:
         self.reader = reader
         self.index = index
@@ -107,7 +111,7 @@ class GpuCollector(Collector):
     """The latest value of every GPU metric (DCGM-exporter names) per instance and GPU, from the
     samples received in the last ``window_s``; a killed or silent instance drops out."""
 
-    def __init__(self, reader, window_s: float, timeout_s: float) -> None:
+    def __init__(self, reader: "Reader", window_s: float, timeout_s: float) -> None:
         self.reader = reader
         self.window_s = window_s
         self.timeout_s = timeout_s

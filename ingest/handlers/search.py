@@ -15,8 +15,8 @@ from aiohttp import web
 from ingest import search
 from ingest.codec import now_us, parse_ts, ts_to_iso
 from ingest.errors import BadRequest
-from ingest.handlers.http import json_response
-from ingest.handlers.read import _int_param, run_read
+from ingest.handlers.http import int_param, json_response
+from ingest.keys import DB
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -54,9 +54,10 @@ async def get_search(request: web.Request) -> web.Response:
     query = search.SearchQuery(
         text=q, regex=regex == "1", since_us=since, until_us=until,
         source=request.query.get("source") or None, instance_id=request.query.get("instance") or None,
-        limit=min(_int_param(request, "limit", search.DEFAULT_LIMIT, minimum=1), search.MAX_LIMIT),  # capped
+        limit=min(int_param(request, "limit", search.DEFAULT_LIMIT, minimum=1), search.MAX_LIMIT),  # capped
     )
-    hits, truncated = await run_read(request, "search", search.search, query)
+    reader = request.app[DB]  # search.search takes its cursor (with the deadline) from the Reader
+    hits, truncated = await reader.call(search.search, reader, reader.timeout_s, query)
     for hit in hits:
         hit["ts"] = ts_to_iso(hit["ts"])
     return json_response({"hits": hits, "truncated": truncated})
