@@ -20,7 +20,18 @@ from typing import Any, Mapping
 from ingest.errors import ConfigError
 
 ENV_PREFIX = "FLEETLOG_"
-DEFAULT_QUERIES_DIR = Path(str(importlib.resources.files("queries")))  # package data: works from a wheel too
+
+
+def _default_queries_dir() -> Path:
+    """``queries/`` as package data (so a wheel works from any directory); the checkout's when an
+    install left the package out (an image that sets FLEETLOG_QUERIES_DIR instead)."""
+    try:
+        return Path(str(importlib.resources.files("queries")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "queries"
+
+
+DEFAULT_QUERIES_DIR = _default_queries_dir()
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off"}
 
