@@ -51,12 +51,12 @@ def run_unprivileged(path: Path) -> subprocess.CompletedProcess:
 def test_not_as_root_it_names_the_missing_packages_and_stops(bin_dir):
     proc = run_unprivileged(bin_dir())
     assert proc.returncode == 1
-    assert "apt-get install -y --no-install-recommends prometheus shellcheck" in proc.stderr
+    assert "apt-get install -y --no-install-recommends prometheus shellcheck podman runc debootstrap" in proc.stderr
     assert "apt-get install -y chromium" in proc.stderr  # with its recommends: the fonts
 
 
 def test_with_everything_there_it_does_nothing(bin_dir):
-    proc = run_unprivileged(bin_dir("promtool", "shellcheck", "chromium"))
+    proc = run_unprivileged(bin_dir("promtool", "shellcheck", "chromium", "podman", "runc", "debootstrap"))
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
 
 
