@@ -149,7 +149,7 @@ def main() -> None:
     args = parser.parse_args()
     bindir = pg_bin()
     if bindir is None:
-        sys.exit("PostgreSQL server binaries missing: run scripts/lake-deps.sh")
+        sys.exit("PostgreSQL server binaries missing: run scripts/test-deps.sh")
     load = dict(seconds=args.seconds, pushers=args.pushers, instances=args.instances, batch=args.batch)
     print(f"cores: {os.cpu_count()}  load: {load}")
     print("On few cores the nodes, PostgreSQL and this load share the CPUs: this shows the lake's overheads, not scaling.")

@@ -1,6 +1,6 @@
 """A real PostgreSQL for the lake tests: Debian's server binaries, a cluster in a temporary directory,
 run as ``nobody`` when the tests run as root (PostgreSQL refuses root), on a free loopback port, its
-process group killed at the end. scripts/lake-deps.sh installs the binaries."""
+process group killed at the end. scripts/test-deps.sh installs the binaries."""
 
 from __future__ import annotations
 
@@ -84,8 +84,8 @@ def postgres():
     bindir = pg_bin()
     if bindir is None:
         if os.environ.get("CI"):
-            pytest.fail("PostgreSQL is missing: run scripts/lake-deps.sh")
-        pytest.skip("PostgreSQL server binaries missing (scripts/lake-deps.sh installs them)")
+            pytest.fail("PostgreSQL is missing: run scripts/test-deps.sh")
+        pytest.skip("PostgreSQL server binaries missing (scripts/test-deps.sh installs them)")
     pg = Postgres(bindir).start()
     try:
         yield pg
