@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import duckdb
 
 import functools
+from typing import TYPE_CHECKING
 
-from ingest import lake, store
+from ingest import store
 from ingest.actuator import build_actuator
 from ingest.config import Settings
 from ingest.fleetgauges import FleetCollector, GpuCollector
@@ -21,10 +22,12 @@ from ingest.observe import IngestMetrics, LiveStateCollector
 from ingest.policy import CycleReport, PolicyEngine, PolicyParams, load_rules
 from ingest.queryfiles import compose
 from ingest.reader import Reader
-from ingest.slots import Slots, slot_of
 from ingest.streams import StreamIndex
 from ingest.tailcache import TailCache
 from ingest.writer import Writer
+
+if TYPE_CHECKING:  # lake mode only: its packages are the 'lake' extra, imported when it is on
+    from ingest.slots import Slots
 
 logger = logging.getLogger(__name__)
 
@@ -32,14 +35,24 @@ logger = logging.getLogger(__name__)
 def _open_storage(settings: Settings) -> duckdb.DuckDBPyConnection:
     """The single DuckDB file, or in lake mode the lake and its PostgreSQL (ingest/lake.py)."""
     if settings.lake:
+        from ingest import lake
+
         return lake.open_lake(settings.lake, settings.lake_data, settings.duckdb_memory_limit_mb)
     return store.open_database(settings.db, settings.duckdb_memory_limit_mb)
 
 
 def _slots(settings: Settings) -> Slots:
+    from ingest.slots import Slots
+
     node_id = settings.node_id or f"{settings.host}:{settings.port}"
     url = settings.advertise_url or f"http://{settings.host}:{settings.port}"
     return Slots(settings.lake.removeprefix("postgres:"), node_id, url, settings.lake_lease_s)
+
+
+def _lake_write_batch(slots: Slots):
+    from ingest import lake
+
+    return functools.partial(lake.write_batch, fence=lake.slot_fence(slots))
 
 
 def _one_policy_runner(policy: PolicyEngine, slots: Slots) -> None:
@@ -84,7 +97,7 @@ class Core:
             queue_max_rows=settings.queue_max_rows,
             retry_after_s=settings.retry_after_s,
             db_path=None if settings.lake else settings.db,
-            write_batch=functools.partial(lake.write_batch, fence=lake.slot_fence(slots)) if slots else None,
+            write_batch=_lake_write_batch(slots) if slots else None,
         )
         reader = Reader(
             con, index, tail, metrics,
@@ -159,6 +172,8 @@ class Core:
     def adopt_slots(self, taken: set[int]) -> None:
         """Lake mode, on the lease thread, before a slot taken over is served: its instances' seq
         ranges are read again from the lake (the previous owner's last commits included)."""
+        from ingest.slots import slot_of
+
         fresh = StreamIndex()
         cursor = self.reader.cursor()
         try:
