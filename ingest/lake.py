@@ -102,6 +102,16 @@ CREATE TABLE IF NOT EXISTS decisions (
     subject text NOT NULL, action text NOT NULL, reason text NOT NULL, evidence text NOT NULL,
     episode text NOT NULL, decided_at timestamp NOT NULL, expires_at timestamp, state text NOT NULL,
     attempts integer NOT NULL DEFAULT 0, executed_at timestamp, last_error text, UNIQUE (rule, subject, episode));
+-- DuckDB's scanner sends every column of an INSERT ... ON CONFLICT, NULL for the ones not named:
+-- the defaults are applied here instead.
+CREATE OR REPLACE FUNCTION fleetlog_decision_defaults() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.id := coalesce(NEW.id, nextval('decision_ids'));
+    NEW.attempts := coalesce(NEW.attempts, 0);
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER fleetlog_decision_defaults BEFORE INSERT ON decisions
+    FOR EACH ROW EXECUTE FUNCTION fleetlog_decision_defaults();
 CREATE TABLE IF NOT EXISTS host_verdicts (
     machine_id bigint NOT NULL, verdict text NOT NULL, reason text NOT NULL, verdict_at timestamp NOT NULL,
     expires_at timestamp);

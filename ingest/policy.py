@@ -310,16 +310,17 @@ def _store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple[Rule, t
     new_ids = []
     for rule, (subject, action, reason, evidence, episode, expires_at) in decided:
         internal = action in INTERNAL_ACTIONS
-        row = con.execute(
+        inserted = con.execute(  # no RETURNING: lake mode's decisions table is PostgreSQL's (ingest/lake.py)
             """INSERT INTO decisions (rule, rule_sha, subject, action, reason, evidence, episode, decided_at, expires_at,
                                       state, executed_at)
                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-               ON CONFLICT DO NOTHING RETURNING id""",
+               ON CONFLICT DO NOTHING""",
             [rule.name, rule.sha, str(subject), action, reason, evidence, episode, now, expires_at,
              "executed" if internal else "proposed", now if internal else None],
-        ).fetchone()
-        if row:
-            new_ids.append(row[0])
+        ).fetchone()[0]
+        if inserted:
+            new_ids.append(con.execute("SELECT id FROM decisions WHERE rule = ? AND subject = ? AND episode = ?",
+                                       [rule.name, str(subject), episode]).fetchone()[0])
     return new_ids
 
 

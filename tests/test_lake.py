@@ -20,7 +20,7 @@ pytestmark = pytest.mark.lake
 @pytest.fixture
 async def lake_client(make_client, postgres, tmp_path):
     dsn = postgres.createdb("t" + uuid.uuid4().hex[:12])
-    client = await make_client(lake=dsn, lake_data=str(tmp_path / "lake"), lake_lease_s=3.0)
+    client = await make_client(lake=dsn, lake_data=str(tmp_path / "lake"), lake_lease_s=3.0, policy_interval_s=0)
     slots = client.app[CORE].slots
     deadline = time.monotonic() + 60
     while len(slots.held()) < SLOTS:  # alone, the node takes every slot after one settling pass
@@ -167,3 +167,38 @@ def test_lake_one_policy_runner_at_a_time(postgres):  # noqa: F811
     finally:
         a.stop()
         b.stop()
+
+
+async def _fleet_decisions(client) -> dict:
+    """tests/fleet.py's incident with a healthy, a slow and a fast machine; two policy cycles (before
+    and after logs_complete); what was decided, classified and gated."""
+    import datetime as dt
+
+    from tests.fleet import bench_instance, complete_logs, incident, utcnow
+
+    policy = client.app[CORE].policy
+    done = utcnow() - dt.timedelta(seconds=30)
+    await incident(client, done, logs_complete=False)
+    healthy = utcnow() - dt.timedelta(hours=2)
+    await bench_instance(client, "C.40", 777, done=healthy, exit_code=0, rate=40.0, dph=0.8)
+    await bench_instance(client, "C.31", 777, done=healthy + dt.timedelta(hours=1), exit_code=0, rate=31.0, dph=0.8)
+    await bench_instance(client, "C.slow", 900, done=done, exit_code=0, rate=12.5)
+    await complete_logs(client, "C.slow", done, {"benchout": -1})
+    first = await policy.run_cycle(False)
+    await complete_logs(client, "C.32733029", done, {"benchdaemon": 4, "benchout": 3})
+    second = await policy.run_cycle(False)
+    decisions = await (await client.get("/api/v1/decisions")).json()
+    hosts = await (await client.get("/api/v1/hosts")).json()
+    return {
+        "cycles": [(r.classified, len(r.new_decisions)) for r in (first, second)],
+        "decisions": sorted((d["rule"], d["subject"], d["action"], d["reason"], d["state"]) for d in decisions["decisions"]),
+        "classes": rows(client, "SELECT instance_id, failure_class, failure_line FROM bench_runs ORDER BY 1"),
+        "hosts": sorted((h["machine_id"], h["bad"], h["eligible"], h["best_rate"], h["runs"]) for h in hosts["hosts"]),
+    }
+
+
+async def test_lake_policies_decide_as_the_single_file_does(make_client, lake_client):
+    single = await make_client(policy_interval_s=0)
+    expected = await _fleet_decisions(single)
+    assert any(d[2] == "destroy" for d in expected["decisions"]), expected  # the scenario decides something
+    assert await _fleet_decisions(lake_client) == expected
