@@ -68,6 +68,14 @@ class Settings:
     actuator_command: str = _setting("", "command run to carry out a destroy, e.g. 'vastai destroy instance {instance_id}'")
     actuator_timeout_s: float = _setting(30.0, "an actuator call is abandoned after this long", minimum=0.01)
     actuator_retries: int = _setting(3, "attempts of an actuator call before its decision is marked failed", minimum=1)
+    bench_timeout_s: float = _setting(
+        3600.0, "a benchmark started this long ago with no bench_done is hung (class hung, destroy proposed)", minimum=1
+    )
+    exclude_repeat_failures: int = _setting(
+        2, "failures of a class not blamed at once (network, param_fetch, timeout, hung, unknown) on one machine "
+        "within bad_host_ttl_s before it is excluded", minimum=1
+    )
+    notify_webhook_url: str = _setting("", "URL a decision is POSTed to as JSON when proposed, superseded, executed or failed")
 
     @property
     def tokens_enabled(self) -> bool:
