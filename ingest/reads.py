@@ -135,21 +135,29 @@ def load_tail(con, timeout_s: float, instance_id: str, source: str, n: int) -> t
     return [(r, seq, ts, line) for _s, r, seq, ts, line in rows[-n:] if n], complete
 
 
-def logs_complete_marks(con, timeout_s: float, instance_id: str | None = None) -> dict[str, dict[tuple[str, str], int]]:
-    """Per instance, the last seq its ``logs_complete`` events declared per (source, run_id) (the
-    highest wins); every instance's when ``instance_id`` is None."""
-    where, params = ("AND instance_id = ?", [instance_id]) if instance_id is not None else ("", [])
+# -- log completeness: the log_streams and instance_logs views (migration 005) decide it ----------------
+LOG_STREAMS_SQL = """
+SELECT s.instance_id, s.source, s.run_id, s.lines, s.last_seq, s.declared_last_seq, s.dropped, s.missing, s.complete,
+       l.complete AS instance_complete
+FROM log_streams s JOIN instance_logs l USING (instance_id)
+{where}
+ORDER BY s.instance_id, s.source, s.run_id
+"""
+
+
+def log_streams(con, timeout_s: float, instance_id: str | None = None) -> dict[str, dict[str, Any]]:
+    """Per instance, its streams as the ``log_streams`` view sees them (sorted by source, run_id) and
+    whether its logs are complete (``instance_logs``); every instance's when ``instance_id`` is None."""
+    where, params = ("WHERE s.instance_id = ?", [instance_id]) if instance_id is not None else ("", [])
     with deadline_cursor(con, timeout_s) as cur:
-        cur.execute(f"SELECT instance_id, body FROM events WHERE kind = 'logs_complete' {where}", params)
-        marks: dict[str, dict[tuple[str, str], int]] = {}
-        for instance, body in cur.fetchall():
-            doc = orjson.loads(body)
-            run_id = doc.get("run_id", "0")
-            own = marks.setdefault(instance, {})
-            for source, last in doc.get("sources", {}).items():
-                if last is not None:
-                    own[(source, run_id)] = max(last, own.get((source, run_id), -1))
-        return marks
+        cur.execute(LOG_STREAMS_SQL.format(where=where), params)
+        out: dict[str, dict[str, Any]] = {}
+        for row in _dicts(cur):
+            own = out.setdefault(row.pop("instance_id"), {"complete": row["instance_complete"], "streams": []})
+            del row["instance_complete"]
+            own["streams"].append(row)
+        return out
+# -- end of log completeness ----------------------------------------------------------------------------
 
 
 def check_select(sql: str) -> None:

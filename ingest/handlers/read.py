@@ -29,27 +29,28 @@ async def run_read(request: web.Request, api: str, fn, *args, **kwargs):
 async def get_instances(request: web.Request) -> web.Response:
     """Instances, each with ``logs``: how many sources, and which of them are incomplete."""
     rows = await run_read(request, "instances", reads.list_instances, request.query.get("state") or None)
-    marks = await run_read(request, "instances", reads.logs_complete_marks)
+    completeness = await run_read(request, "instances", reads.log_streams)
     for row in rows:
-        summary = log_summary(request, row["instance_id"], marks.get(row["instance_id"], {}))
-        row["logs"] = {"sources": len(summary), "incomplete": sorted(s for s, e in summary.items() if not e["complete"])}
+        own = completeness.get(row["instance_id"], {"complete": False, "streams": []})
+        summary = log_summary(request, row["instance_id"], own["streams"])
+        row["logs"] = {"sources": len(summary), "incomplete": sorted(s for s, e in summary.items() if not e["complete"]),
+                       "complete": own["complete"]}
     return json_response({"instances": rows})
 
 
-def log_summary(request: web.Request, instance_id: str, marks: dict[tuple[str, str], int]) -> dict:
-    """Per source, the latest run's lines, last seq, gaps, and whether logs_complete covers it."""
+def log_summary(request: web.Request, instance_id: str, streams: list[dict]) -> dict:
+    """Per source, the latest run's lines, last seq, gaps, declared last seq and dropped count; the
+    source is complete when every run of it is (the ``log_streams`` view decides, see migration 005)."""
+    gaps = {(s.source, s.run_id): [list(g) for g in s.gaps] for s in request.app[INDEX].summaries(instance_id)}
     latest: dict[str, dict] = {}
-    for s in request.app[INDEX].summaries(instance_id):  # sorted by (source, run_id)
-        latest[s.source] = {"run_id": s.run_id, "lines": s.lines, "last_seq": s.last_seq, "gaps": [list(g) for g in s.gaps]}
-    for (source, run_id), last in marks.items():
-        entry = latest.get(source)
-        if entry is None or run_id > entry["run_id"]:
-            latest[source] = {"run_id": run_id, "lines": 0, "last_seq": None, "gaps": [[0, last]] if last >= 0 else []}
-    for source, entry in latest.items():
-        declared = marks.get((source, entry["run_id"]))
-        stored_last = -1 if entry["last_seq"] is None else entry["last_seq"]
-        entry["declared_last_seq"] = declared
-        entry["complete"] = declared is not None and not entry["gaps"] and stored_last == declared
+    for s in streams:  # sorted by (source, run_id)
+        stored_last = -1 if s["last_seq"] is None else s["last_seq"]
+        declared = s["declared_last_seq"]
+        missing_tail = [[stored_last + 1, declared]] if declared is not None and stored_last < declared else []
+        complete = s["complete"] and latest.get(s["source"], {}).get("complete", True)
+        latest[s["source"]] = {"run_id": s["run_id"], "lines": s["lines"], "last_seq": s["last_seq"],
+                               "gaps": gaps.get((s["source"], s["run_id"]), []) + missing_tail,
+                               "declared_last_seq": s["declared_last_seq"], "dropped": s["dropped"], "complete": complete}
     return latest
 
 
@@ -58,11 +59,12 @@ async def get_instance(request: web.Request) -> web.Response:
     detail = await run_read(request, "instance", reads.instance_detail, instance_id)
     if detail is None:
         raise NotFound(f"instance {instance_id!r} is not known")
-    marks = (await run_read(request, "instance", reads.logs_complete_marks, instance_id)).get(instance_id, {})
+    own = (await run_read(request, "instance", reads.log_streams, instance_id)).get(instance_id, {"complete": False, "streams": []})
     runs = detail.pop("bench_runs")
     detail["bench"] = runs[-1] if runs else None
     detail["bench_runs"] = runs
-    detail["logs"] = log_summary(request, instance_id, marks)
+    detail["logs"] = log_summary(request, instance_id, own["streams"])
+    detail["logs_complete"] = own["complete"]
     return json_response(detail)
 
 
