@@ -1,11 +1,9 @@
 -- rule: bad_hosts
--- decides: exclude a machine (keyed on machine_id) for its failures (the failures view: a failed or
---   hung benchmark, a failed parameter fetch), by class. oom, gpu_lost and cuda_error are the
---   machine's: excluded at once. Any other class (network, param_fetch, timeout, hung, signal,
---   unknown) is more often the fleet's than the machine's: excluded only when it is at least the
---   $exclude_repeats-th failure on that machine within $bad_host_ttl_s. One decision per machine and
---   failure, carrying the failure's current class; it expires $bad_host_ttl_s after the failure. An
---   operator's verdict newer than the failure wins over it (see the hosts API).
+-- decides: exclude a machine (machine_id) for its failures (the failures view), by class: oom, gpu_lost,
+--   cuda_error are the machine's, excluded at once; any other class (network, param_fetch, timeout, hung,
+--   signal, unknown) only as the $exclude_repeats-th failure on that machine within $bad_host_ttl_s.
+--   One decision per machine and failure, with its current class; expires $bad_host_ttl_s after the
+--   failure. An operator's verdict newer than the failure wins over it (see the hosts API).
 -- params: $bad_host_ttl_s (seconds), $exclude_repeats (failures)
 -- output: decisions (subject = machine_id, action = exclude_host)
 WITH counted AS (
