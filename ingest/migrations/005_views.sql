@@ -79,15 +79,17 @@ WITH per_instance AS (
     SELECT instance_id, count(*) AS streams, count(*) FILTER (WHERE NOT complete) AS incomplete_streams,
            sum(missing) AS missing, sum(dropped) AS dropped, count(*) FILTER (WHERE declared_last_seq IS NOT NULL) AS declared_streams
     FROM log_streams GROUP BY instance_id
+),
+benchmarked AS (
+    SELECT DISTINCT instance_id FROM bench_runs WHERE done_at IS NOT NULL
 )
 SELECT i.instance_id, coalesce(p.streams, 0) AS streams, coalesce(p.declared_streams, 0) AS declared_streams,
        coalesce(p.incomplete_streams, 0) AS incomplete_streams, coalesce(p.missing, 0) AS missing,
        coalesce(p.dropped, 0) AS dropped,
        coalesce(p.streams, 0) > 0 AND coalesce(p.incomplete_streams, 0) = 0 AS complete,
        NOT (coalesce(p.streams, 0) > 0 AND coalesce(p.incomplete_streams, 0) = 0)
-           AND (coalesce(p.streams, 0) > 0 OR EXISTS (SELECT 1 FROM bench_runs b WHERE b.instance_id = i.instance_id AND b.done_at IS NOT NULL))
-           AS incomplete
-FROM instances i LEFT JOIN per_instance p USING (instance_id);
+           AND (coalesce(p.streams, 0) > 0 OR b.instance_id IS NOT NULL) AS incomplete
+FROM instances i LEFT JOIN per_instance p USING (instance_id) LEFT JOIN benchmarked b USING (instance_id);
 
 -- One benchmark run's outcome:
 --   running         started, no bench_done yet, within bench_timeout_s
