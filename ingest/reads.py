@@ -40,13 +40,13 @@ def _dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 INSTANCES_SQL = """
 SELECT i.instance_id, coalesce(s.state, 'unknown') AS state, s.state_since, i.machine_id, i.host_id,
        i.gpu_model, i.gpu_count, i.dph, i.location, i.first_seen, i.last_seen,
-       b.rate_per_hour, b.exit_code, b.failure_class, b.failure_line
+       b.rate_per_hour, b.exit_code, b.failure_class, b.failure_line, p.outcome, p.failed_phase
 FROM instances i
 LEFT JOIN instance_state s USING (instance_id)
-LEFT JOIN (  -- the latest run, finished or not
-    SELECT instance_id, rate_per_hour, exit_code, failure_class, failure_line FROM bench_runs
-    QUALIFY row_number() OVER (PARTITION BY instance_id ORDER BY coalesce(done_at, started_at) DESC) = 1
+LEFT JOIN (  -- the latest run, finished or not (bench_outcomes, migration 005)
+    SELECT instance_id, rate_per_hour, exit_code, failure_class, failure_line FROM bench_outcomes WHERE latest
 ) b USING (instance_id)
+LEFT JOIN instance_phase p USING (instance_id)  -- the latest step's outcome, and the phase it failed in
 {where}
 ORDER BY i.last_seen DESC
 """

@@ -37,8 +37,12 @@ declared AS (
     GROUP BY ALL
 ),
 dropped AS (
-    SELECT d.instance_id, d.run_id, k AS source, max(json_extract(d.body, '$.dropped."' || k || '"')::BIGINT) AS dropped
-    FROM declarations d, unnest(json_keys(coalesce(json_extract(d.body, '$.dropped'), '{}'))) AS t(k)
+    -- the agent's optional "dropped": {source: n}; a count that is not an integer counts as a loss
+    SELECT d.instance_id, d.run_id, k AS source,
+           max(coalesce(TRY_CAST(json_extract_string(d.body, '$.dropped."' || k || '"') AS BIGINT), 1)) AS dropped
+    FROM declarations d,
+         unnest(CASE WHEN json_type(d.body, '$.dropped') = 'OBJECT' THEN json_keys(json_extract(d.body, '$.dropped'))
+                     ELSE []::VARCHAR[] END) AS t(k)
     GROUP BY ALL
 ),
 stored AS (
