@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+import duckdb
+from hypothesis import given, settings, strategies as st
 
-from ingest.streams import SeqRanges, runs_of
+from ingest.streams import SeqRanges, StreamIndex, runs_of
 from ingest.tailcache import TailCache
 
 
@@ -62,3 +63,28 @@ def test_tail_cache_evicts_least_recently_used_stream():
     cache.on_commit(("C.1", "c"), [("0", 0, 0, "x")], new_stream=True)
     assert cache.tail(("C.1", "b"), 1) is None
     assert cache.tail(("C.1", "a"), 1) is not None and cache.tail(("C.1", "c"), 1) is not None
+
+
+@given(st.dictionaries(
+    st.tuples(st.sampled_from(["C.1", "C.2"]), st.sampled_from(["benchout", "cuzk"]), st.sampled_from(["0", "1"])),
+    st.sets(st.integers(min_value=0, max_value=60), min_size=1, max_size=40),
+    max_size=8,
+))
+@settings(max_examples=60, deadline=None)
+def test_index_load_from_the_table_matches_the_stored_seqs_with_and_without_holes(streams):
+    """Start-up takes healthy streams from one aggregate and only holed ones through gaps and
+    islands: either way the index must describe exactly the stored seqs."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE logs (instance_id VARCHAR, source VARCHAR, run_id VARCHAR, seq BIGINT)")
+    rows = [(*key, seq) for key, seqs in streams.items() for seq in seqs]
+    if rows:
+        con.executemany("INSERT INTO logs VALUES (?, ?, ?, ?)", rows)
+    index = StreamIndex()
+    index.load(con)
+    for (instance_id, source, run_id), seqs in streams.items():
+        key = (instance_id, source, run_id)
+        for seq in range(0, 62):
+            assert index.is_stored(key, seq) == (seq in seqs)
+        summary = next(s for s in index.summaries(instance_id) if (s.source, s.run_id) == (source, run_id))
+        assert summary.lines == len(seqs) and summary.last_seq == max(seqs)
+    con.close()
