@@ -26,10 +26,11 @@ from ingest.policy import utcnow
 
 logger = logging.getLogger(__name__)
 
-INSTANCES_BY_STATE = "SELECT coalesce(s.state, 'unknown'), count(*) FROM instances i LEFT JOIN instance_state s USING (instance_id) GROUP BY 1"
+# per lifecycle phase: instances, those alive whose latest step failed (by the phase it failed in), and
+# those whose logs are expected and not complete; one pass over instance_phase (migration 005)
+INSTANCES = """SELECT phase, CASE WHEN phase <> 'killed' THEN failed_phase END, logs_incomplete, count(*)
+               FROM instance_phase GROUP BY ALL"""
 FAILED_BY_CLASS = "SELECT coalesce(failure_class, 'unclassified'), count(*) FROM bench_outcomes WHERE failed GROUP BY 1"
-FAILED_BY_PHASE = "SELECT failed_phase, count(*) FROM instance_phase WHERE failed_phase IS NOT NULL AND phase <> 'killed' GROUP BY 1"
-INCOMPLETE_LOGS = "SELECT count(*) FROM instance_logs WHERE incomplete"
 DECISIONS = "SELECT action, state, count(*) FROM decisions GROUP BY 1, 2"
 
 
@@ -49,15 +50,20 @@ class FleetCollector(Collector):
 
     def _collect(self) -> Iterable[Metric]:
         with reads.deadline_cursor(self.reader, self.timeout_s) as cur:
-            by_state = cur.execute(INSTANCES_BY_STATE).fetchall()
+            instances = cur.execute(INSTANCES).fetchall()
             failed = cur.execute(FAILED_BY_CLASS).fetchall()
-            failed_phase = cur.execute(FAILED_BY_PHASE).fetchall()
-            [(incomplete,)] = cur.execute(INCOMPLETE_LOGS).fetchall()
             decisions = cur.execute(DECISIONS).fetchall()
         hosts = reads.hosts(self.reader, self.timeout_s, self.hosts_sql, self.min_rate, utcnow())
 
+        by_state: dict[str, int] = {}
+        failed_phase: dict[str, int] = {}
+        for phase, failed_in, logs_incomplete, n in instances:
+            by_state[phase] = by_state.get(phase, 0) + n
+            if failed_in is not None:
+                failed_phase[failed_in] = failed_phase.get(failed_in, 0) + n
+        incomplete = sum(n for _phase, _failed_in, logs_incomplete, n in instances if logs_incomplete)
         g = GaugeMetricFamily("fleetlog_fleet_instances", "Instances by lifecycle state", labels=["state"])
-        for state, n in by_state:
+        for state, n in sorted(by_state.items()):
             g.add_metric([state], n)
         yield g
         yield _per_machine(hosts, "best_rate", "fleetlog_fleet_best_rate_proofs_per_hour", "Best benchmark rate per machine")
@@ -76,7 +82,7 @@ class FleetCollector(Collector):
         yield g
         g = GaugeMetricFamily("fleetlog_fleet_failed_instances",
                               "Instances not killed whose latest step failed, by phase (params, benchmark)", labels=["phase"])
-        for phase, n in failed_phase:
+        for phase, n in sorted(failed_phase.items()):
             g.add_metric([phase], n)
         yield g
         yield GaugeMetricFamily("fleetlog_fleet_incomplete_log_instances",

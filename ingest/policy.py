@@ -224,8 +224,6 @@ class PolicyEngine:
             for rule in self.rules:
                 if rule.output == "classify":
                     continue
-                # a temp table lives on its connection: one name per cycle would do, but the re-check
-                # before a destroy evaluates again on the same reader, so the table is replaced
                 cur.execute(f'CREATE OR REPLACE TEMP TABLE "{rule.name}" AS {rule.sql}', {p: params[p] for p in rule.params})
                 if rule.output == "decisions":
                     rows = cur.execute(

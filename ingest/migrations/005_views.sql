@@ -6,6 +6,7 @@
 --                   is missing, what the agent said it dropped, and whether the stream is complete
 --   instance_logs   per instance: are all its streams complete
 --   bench_outcomes  per benchmark run: running, passed, below_min_rate, failed or hung, with its class
+--   params_failures per instance: a failed parameter fetch (params_done with a non-zero exit_code)
 --   instance_phase  per instance: its lifecycle phase, and whether (and in which phase) it failed
 --   failures        every failure: a failed or hung benchmark run, a failed parameter fetch
 
@@ -135,39 +136,42 @@ SELECT instance_id, started_at, done_at, proofs, concurrency, partition_workers,
        row_number() OVER (PARTITION BY instance_id ORDER BY coalesce(done_at, started_at) DESC) = 1 AS latest
 FROM runs;
 
--- Per instance: its lifecycle phase (the kind of its latest lifecycle event) and, if its latest step
--- failed, in which phase, with what class, and since when:
---   params      the latest params_done carried a non-zero exit_code and no benchmark started after it:
---               class param_fetch
---   benchmark   its latest benchmark run failed or hung
--- ``outcome`` is 'params_failed' or the latest run's outcome (NULL before any).
-CREATE VIEW instance_phase AS
+-- A failed parameter fetch: the instance's latest params_done carried a non-zero exit_code and no
+-- benchmark started (or ended) after it. Class param_fetch.
+CREATE VIEW params_failures AS
 WITH params AS (
     SELECT instance_id, arg_max(json_extract(body, '$.exit_code')::BIGINT, ts) AS params_exit_code, max(ts) AS params_at
     FROM events WHERE kind = 'params_done' GROUP BY instance_id
 ),
-steps AS (
-    SELECT i.instance_id, i.machine_id, i.gpu_model, s.state, s.state_since, p.params_exit_code, p.params_at, b.*
-               EXCLUDE (instance_id),
-           coalesce(p.params_exit_code, 0) <> 0
-               AND coalesce(b.started_at, b.done_at, p.params_at - INTERVAL 1 SECOND) < p.params_at AS params_failed
-    FROM instances i
-    LEFT JOIN instance_state s USING (instance_id)
-    LEFT JOIN params p USING (instance_id)
-    LEFT JOIN (SELECT * FROM bench_outcomes WHERE latest) b USING (instance_id)
+benched AS (
+    SELECT instance_id, max(coalesce(started_at, done_at)) AS bench_at FROM bench_runs GROUP BY instance_id
 )
-SELECT t.instance_id, t.machine_id, t.gpu_model, coalesce(t.state, 'unknown') AS phase, t.state_since AS phase_since,
-       t.params_exit_code, t.params_at, t.params_failed,
-       CASE WHEN t.params_failed THEN 'params_failed' ELSE t.outcome END AS outcome,
-       CASE WHEN t.params_failed THEN 'params' WHEN t.failed THEN 'benchmark' END AS failed_phase,
-       CASE WHEN t.params_failed THEN 'param_fetch' WHEN t.failed THEN t.failure_class END AS failure_class,
-       CASE WHEN t.params_failed THEN 'params_done exit code ' || t.params_exit_code::VARCHAR
-            WHEN t.failed THEN t.failure_line END AS failure_line,
-       CASE WHEN t.params_failed THEN t.params_at ELSE t.outcome_at END AS outcome_at,
-       t.started_at AS bench_started_at, t.done_at AS bench_done_at, t.exit_code, t.rate_per_hour, t.rate_measured,
-       t.min_rate, t.proofs, t.duration_s, t.failure_excerpt,
-       coalesce(l.complete, false) AS logs_complete
-FROM steps t LEFT JOIN instance_logs l USING (instance_id);
+SELECT p.instance_id, p.params_exit_code, p.params_at, 'param_fetch' AS failure_class,
+       'params_done exit code ' || p.params_exit_code::VARCHAR AS failure_line
+FROM params p LEFT JOIN benched b USING (instance_id)
+WHERE coalesce(p.params_exit_code, 0) <> 0 AND (b.bench_at IS NULL OR b.bench_at < p.params_at);
+
+-- Per instance: its lifecycle phase (the kind of its latest lifecycle event) and, if its latest step
+-- failed, in which phase, with what class, and since when:
+--   params      params_failures: class param_fetch
+--   benchmark   its latest benchmark run failed or hung
+-- ``outcome`` is 'params_failed' or the latest run's outcome (NULL before any).
+CREATE VIEW instance_phase AS
+SELECT i.instance_id, i.machine_id, i.gpu_model, coalesce(s.state, 'unknown') AS phase, s.state_since AS phase_since,
+       f.params_exit_code, f.params_at, f.instance_id IS NOT NULL AS params_failed,
+       CASE WHEN f.instance_id IS NOT NULL THEN 'params_failed' ELSE b.outcome END AS outcome,
+       CASE WHEN f.instance_id IS NOT NULL THEN 'params' WHEN b.failed THEN 'benchmark' END AS failed_phase,
+       CASE WHEN f.instance_id IS NOT NULL THEN f.failure_class WHEN b.failed THEN b.failure_class END AS failure_class,
+       CASE WHEN f.instance_id IS NOT NULL THEN f.failure_line WHEN b.failed THEN b.failure_line END AS failure_line,
+       CASE WHEN f.instance_id IS NOT NULL THEN f.params_at ELSE b.outcome_at END AS outcome_at,
+       b.started_at AS bench_started_at, b.done_at AS bench_done_at, b.exit_code, b.rate_per_hour, b.rate_measured,
+       b.min_rate, b.proofs, b.duration_s, b.failure_excerpt,
+       coalesce(l.complete, false) AS logs_complete, coalesce(l.incomplete, false) AS logs_incomplete
+FROM instances i
+LEFT JOIN instance_state s USING (instance_id)
+LEFT JOIN params_failures f USING (instance_id)
+LEFT JOIN (SELECT * FROM bench_outcomes WHERE latest) b USING (instance_id)
+LEFT JOIN instance_logs l USING (instance_id);
 
 -- Every failure, whatever the phase: a failed or hung benchmark run, or a failed parameter fetch
 -- (the instance's latest params_done, with no benchmark after it). ``failed_at`` identifies it.
@@ -177,8 +181,7 @@ SELECT b.instance_id, i.machine_id, i.gpu_model, 'benchmark' AS phase, b.outcome
 FROM bench_outcomes b LEFT JOIN instances i USING (instance_id)
 WHERE b.failed
 UNION ALL
-SELECT p.instance_id, p.machine_id, p.gpu_model, 'params' AS phase, p.outcome, p.outcome_at AS failed_at,
+SELECT p.instance_id, i.machine_id, i.gpu_model, 'params' AS phase, 'params_failed' AS outcome, p.params_at AS failed_at,
        p.failure_class, p.failure_line, p.params_exit_code::INTEGER AS exit_code, NULL::DOUBLE AS rate_per_hour,
        false AS rate_measured, NULL::VARCHAR AS failure_excerpt
-FROM instance_phase p
-WHERE p.params_failed;
+FROM params_failures p LEFT JOIN instances i USING (instance_id);

@@ -7,7 +7,7 @@
 --   passed since the run ended; lines received in that window count even if their ts is later.
 -- params: $destroy_grace_s (seconds), $now (timestamp)
 -- output: classify (instance_id, done_at, failure_class, failure_line, final), written to bench_runs
-WITH failed AS (
+WITH failed AS MATERIALIZED (
     SELECT b.instance_id, b.done_at, b.exit_code, b.failure_excerpt,
            json_extract_string(e.body, '$.signal') AS signal,
            coalesce(l.complete, false) OR b.done_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP AS final

@@ -5,7 +5,7 @@
 --   outcome was known. Killed instances are left alone. Re-checked right before it is carried out.
 -- params: $destroy_grace_s (seconds), $now (timestamp)
 -- output: decisions (subject = instance_id, action = destroy)
-WITH doomed AS (
+WITH doomed AS MATERIALIZED (
     SELECT * FROM instance_phase
     WHERE phase <> 'killed' AND outcome IN ('params_failed', 'failed', 'hung', 'below_min_rate')
       AND (logs_complete OR outcome_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP)
