@@ -317,6 +317,23 @@ async def test_repeat_count_is_a_setting_and_counts_within_the_ttl_only(aiohttp_
     assert "failure 3 on this machine within 1.0 days" in reason
 
 
+async def test_agent_timeout_is_classed_timeout_and_blamed_on_repeat_only(aiohttp_client, policy_settings):
+    client = await aiohttp_client(create_app(policy_settings))
+    done = utcnow() - dt.timedelta(seconds=30)
+    await bench_instance(client, "C.t", 60, done=done - dt.timedelta(minutes=10), exit_code=0, rate=0.0)  # started
+    await post(client, "/api/v1/events", {"instance_id": "C.t", "kind": "bench_done", "ts": iso(done), "exit_code": 143,
+                                           "timeout": True, "max_duration_s": 5400})
+    await complete_logs(client, "C.t", done, {"benchout": -1})
+    await run_policies(client)
+    assert rows(client, "SELECT failure_class, failure_line FROM bench_runs WHERE done_at = ?", [done]) == [
+        ("timeout", "bench_done: timed out (agent --max-duration 5400 s)")]
+    [(reason,)] = rows(client, "SELECT reason FROM decisions WHERE action = 'destroy'")
+    assert reason == "benchmark failed (exit 143, no rate measured, timeout)"
+    # the earlier run (exit 0, no rate) and this one: two failures on machine 60, so now it is excluded
+    [(exclusion,)] = rows(client, "SELECT reason FROM decisions WHERE action = 'exclude_host' ORDER BY id DESC LIMIT 1")
+    assert exclusion.startswith("benchmark failed on instance C.t: timeout (exit 143, no rate measured); failure 2")
+
+
 # -- 5. phases fail too ----------------------------------------------------------------------------
 
 async def test_failed_parameter_fetch_fails_the_instance_and_proposes_a_destroy(aiohttp_client, policy_settings):

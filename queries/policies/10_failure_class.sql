@@ -1,7 +1,7 @@
 -- rule: failure_class
--- decides: the failure class of each failed benchmark run (bench_outcomes) whose class is not final yet,
---   from its exit, its instance's logs and the agent's gpu_state events: oom, gpu_lost, cuda_error,
---   timeout, network, param_fetch, signal, unknown. The first matching class in that order wins; the
+-- decides: the failure class of each failed benchmark run (bench_outcomes) whose class is not final
+--   yet, from its exit, the agent's excerpt and timeout flag, the instance's logs and gpu_state events:
+--   oom, gpu_lost, cuda_error, timeout, network, param_fetch, signal, unknown. The first matching wins; the
 --   matching line is kept as evidence. A class follows its evidence: it is re-evaluated on every run
 --   until final, i.e. until the instance's logs are complete (instance_logs) or $destroy_grace_s have
 --   passed since the run ended; lines received in that window count even if their ts is later.
@@ -10,6 +10,8 @@
 WITH failed AS MATERIALIZED (
     SELECT b.instance_id, b.done_at, b.exit_code, b.failure_excerpt,
            json_extract_string(e.body, '$.signal') AS signal,
+           coalesce(json_extract_string(e.body, '$.timeout') = 'true', false) AS timed_out,
+           json_extract_string(e.body, '$.max_duration_s') AS max_duration_s,
            coalesce(l.complete, false) OR b.done_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP AS final
     FROM bench_outcomes b
     LEFT JOIN events e ON e.instance_id = b.instance_id AND e.kind = 'bench_done' AND e.ts = b.done_at
@@ -29,6 +31,10 @@ candidate_lines AS (
     -- after the run ended, or received within the grace period (a late pusher's own timestamps)
     SELECT f.instance_id, f.done_at, unnest(string_split(f.failure_excerpt, chr(10))) AS line
     FROM failed f WHERE f.failure_excerpt IS NOT NULL
+    UNION ALL
+    -- the agent ended the command at --max-duration (bench_done "timeout": true)
+    SELECT f.instance_id, f.done_at, 'bench_done: timed out (agent --max-duration ' || coalesce(f.max_duration_s, '?') || ' s)'
+    FROM failed f WHERE f.timed_out
     UNION ALL
     SELECT f.instance_id, f.done_at, l.line
     FROM failed f JOIN logs l ON l.instance_id = f.instance_id
