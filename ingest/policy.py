@@ -218,7 +218,8 @@ class PolicyEngine:
         with deadline_cursor(self.con, self.timeout_s) as cur:
             return cur.execute(rule.sql, {p: params[p] for p in rule.params}).fetchall()
 
-    def _evaluate(self, params: dict[str, Any]) -> list[tuple[Rule, tuple]]:
+    def _evaluate(self, params: dict[str, Any], through: str | None = None) -> list[tuple[Rule, tuple]]:
+        """Run the rules in order (``through``: stop after that one; later rules cannot change it)."""
         decided = []
         with deadline_cursor(self.con, self.timeout_s) as cur:
             for rule in self.rules:
@@ -230,6 +231,8 @@ class PolicyEngine:
                         f'SELECT subject, action, reason, evidence, episode, expires_at FROM "{rule.name}"'
                     ).fetchall()
                     decided.extend((rule, row) for row in rows)
+                if rule.name == through:
+                    break
         return decided
 
     async def _carry_out(self, report: CycleReport, now: dt.datetime) -> None:
@@ -305,7 +308,8 @@ class PolicyEngine:
     def _recheck(self, decision: dict[str, Any], now: dt.datetime) -> tuple[str, Any] | None:
         """Evaluate the rules again on current data: the (reason, evidence) with which the decision's
         rule selects its subject for its action now, or None when it no longer does."""
-        for rule, (subject, action, reason, evidence, _episode, _expires_at) in self._evaluate(self.params.values(now)):
+        current = self._evaluate(self.params.values(now), through=decision["rule"])
+        for rule, (subject, action, reason, evidence, _episode, _expires_at) in current:
             if rule.name == decision["rule"] and str(subject) == decision["subject"] and action == decision["action"]:
                 return reason, orjson.loads(evidence)
         return None
