@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test bench clean images
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,3 +26,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
+
+# Both images (fleetlog-ingest, fleetlog-agent) with podman or docker; without a registry, from a
+# local Debian base (docker/build-images.sh says which settings it reads).
+images:
+	docker/build-images.sh

@@ -4,6 +4,7 @@
 #   registered -> parameter fetch (source setup) -> params_done
 #   -> benchmark (benchout; daemon log as benchdaemon) -> bench_done + logs_complete
 #   -> running: cuzk-daemon and curio supervised, their logs shipped as cuzk and curio.
+# Its own lines go to stdout and, as source 'entrypoint', to the server (from registration to exit).
 #
 # Settings (environment):
 #   FLEETLOG_SERVER            the fleetlog server, e.g. http://10.0.0.2:8080 (required)
@@ -12,18 +13,23 @@
 #                              agent registers with it and keeps the instance's own token (0600) in
 #                              FLEETLOG_AGENT_TOKEN_FILE (default /var/tmp/fleetlog-agent.token) for all
 #   FLEETLOG_MACHINE_ID, FLEETLOG_HOST_ID, FLEETLOG_DPH, FLEETLOG_LOCATION   identity for 'registered'
+#   FLEETLOG_GPU_MODEL, FLEETLOG_GPU_COUNT   the GPUs, when nvidia-smi cannot say (it is asked otherwise)
+#   FLEETLOG_IMAGE_VERSION     the image's version (baked in at build time), sent as labels.image_version
 #   FLEETLOG_STATE_DIR         the agents' state and spools (default /var/tmp/fleetlog)
 #   FLEETLOG_PARAMS_CMD        parameter fetch (default /opt/proving/fetch-params.sh)
 #   FLEETLOG_BENCH_CMD         the benchmark (default /opt/proving/benchmark.sh); gets BENCH_PROOFS
 #   BENCH_PROOFS, BENCH_CONCURRENCY, BENCH_PARTITION_WORKERS   (12, 3, 16)
-#   FLEETLOG_BENCH_DAEMON_LOG  the benchmark daemon's log (default /tmp/cuzk-bench-daemon.log)
+#   FLEETLOG_BENCH_DAEMON_LOG  the benchmark daemon's log (default /tmp/cuzk-bench-daemon.log), shipped as
+#                              benchdaemon; exported for the benchmark
+#   FLEETLOG_BENCH_RESULTS_LOG the benchmark's results log (default /tmp/cuzk-bench-results.log), shipped
+#                              as benchresults; exported for the benchmark
 #   FLEETLOG_DAEMON_CMD, FLEETLOG_CURIO_CMD   the proving stack (defaults cuzk-daemon, curio run);
 #                              an empty FLEETLOG_CURIO_CMD runs no curio
 #   FLEETLOG_LOG_DIR           where the daemons' logs go (default /var/log/proving)
 #   FLEETLOG_RESTART_DELAY_S   wait before restarting a daemon that exited (default 5)
 # Commands are split on spaces, not evaluated by a shell.
-# Exit: the benchmark's exit code when it fails; 0 after SIGTERM once the daemons are stopped and
-# their last lines shipped.
+# Exit: the parameter fetch's or the benchmark's exit code when it fails (params_done carries the
+# fetch's exit_code either way); 0 after SIGTERM once the daemons are stopped and their last lines shipped.
 set -uo pipefail
 
 : "${FLEETLOG_SERVER:?FLEETLOG_SERVER must name the fleetlog server}"
@@ -31,7 +37,8 @@ export FLEETLOG_SERVER
 export FLEETLOG_INSTANCE_ID="${FLEETLOG_INSTANCE_ID:-C.${CONTAINER_ID:?set FLEETLOG_INSTANCE_ID or CONTAINER_ID}}"
 state_dir="${FLEETLOG_STATE_DIR:-/var/tmp/fleetlog}"
 log_dir="${FLEETLOG_LOG_DIR:-/var/log/proving}"
-bench_daemon_log="${FLEETLOG_BENCH_DAEMON_LOG:-/tmp/cuzk-bench-daemon.log}"
+export FLEETLOG_BENCH_DAEMON_LOG="${FLEETLOG_BENCH_DAEMON_LOG:-/tmp/cuzk-bench-daemon.log}"
+export FLEETLOG_BENCH_RESULTS_LOG="${FLEETLOG_BENCH_RESULTS_LOG:-/tmp/cuzk-bench-results.log}"
 restart_delay_s="${FLEETLOG_RESTART_DELAY_S:-5}"
 read -r -a params_cmd <<< "${FLEETLOG_PARAMS_CMD:-/opt/proving/fetch-params.sh}"
 read -r -a bench_cmd <<< "${FLEETLOG_BENCH_CMD:-/opt/proving/benchmark.sh}"
@@ -39,40 +46,68 @@ read -r -a daemon_cmd <<< "${FLEETLOG_DAEMON_CMD:-cuzk-daemon}"
 read -r -a curio_cmd <<< "${FLEETLOG_CURIO_CMD-curio run}"
 proofs="${BENCH_PROOFS:-12}"
 mkdir -p "$state_dir" "$log_dir"
+self_log="$state_dir/entrypoint.log"
+self_tail_pid=""
 
-say() { echo "[entrypoint] $(date -u +%H:%M:%S) $*"; }
+say() {
+    local line
+    line="[entrypoint] $(date -u +%H:%M:%S) $*"
+    echo "$line"
+    echo "$line" >> "$self_log"
+}
 agent() { fleetlog-agent "$1" --spool "$state_dir/main" "${@:2}"; }
+stop_self_tail() {  # on every exit: the entrypoint's last lines leave before it does
+    [[ -n "$self_tail_pid" ]] || return 0
+    kill -TERM "$self_tail_pid" 2>/dev/null
+    wait "$self_tail_pid"
+    self_tail_pid=""
+}
+trap stop_self_tail EXIT
 
 # 1. Registration: who this machine is. Spooled if the server cannot be reached yet.
 identity=()
-for pair in machine_id="${FLEETLOG_MACHINE_ID:-}" host_id="${FLEETLOG_HOST_ID:-}" dph="${FLEETLOG_DPH:-}" \
-            location="${FLEETLOG_LOCATION:-}"; do
+json_string() {  # the agent parses KEY=VALUE as JSON when it can: a name such as "4090" stays a string
+    local s="${1//\\/\\\\}"
+    printf '"%s"' "${s//\"/\\\"}"
+}
+for pair in machine_id="${FLEETLOG_MACHINE_ID:-}" host_id="${FLEETLOG_HOST_ID:-}" dph="${FLEETLOG_DPH:-}"; do
     [[ -n "${pair#*=}" ]] && identity+=("$pair")
 done
+[[ -n "${FLEETLOG_LOCATION:-}" ]] && identity+=("location=$(json_string "$FLEETLOG_LOCATION")")
+gpu_model="${FLEETLOG_GPU_MODEL:-}"
+gpu_count="${FLEETLOG_GPU_COUNT:-}"
 if command -v nvidia-smi >/dev/null 2>&1; then
     gpus="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true)"
     if [[ -n "$gpus" ]]; then
-        identity+=("gpu_model=${gpus%%,*}" "gpu_count=$(grep -c . <<< "$gpus")")
+        gpu_model="${gpu_model:-${gpus%%,*}}"
+        gpu_count="${gpu_count:-$(grep -c . <<< "$gpus")}"
         driver="${gpus#*, }"
         identity+=("driver=${driver%%$'\n'*}")
     fi
 fi
-say "registering $FLEETLOG_INSTANCE_ID with $FLEETLOG_SERVER"
+[[ -n "$gpu_model" ]] && identity+=("gpu_model=$(json_string "$gpu_model")")
+[[ -n "$gpu_count" ]] && identity+=("gpu_count=$gpu_count")
+[[ -n "${FLEETLOG_IMAGE_VERSION:-}" ]] && identity+=("labels={\"image_version\": $(json_string "$FLEETLOG_IMAGE_VERSION")}")
+say "registering $FLEETLOG_INSTANCE_ID with $FLEETLOG_SERVER (image ${FLEETLOG_IMAGE_VERSION:-unversioned})"
 agent event registered "${identity[@]}" || say "registration kept in the spool (server unreachable); going on"
+# From here on the entrypoint's own lines (from the first) are a source of their own.
+fleetlog-agent tail --spool "$state_dir/self" --gpu-interval-s 0 --tail "entrypoint=$self_log" &
+self_tail_pid=$!
 
-# 2. Parameter fetch, its output as source 'setup'; params_done only if it succeeded.
+# 2. Parameter fetch, its output as source 'setup'; params_done with its exit code either way.
 say "fetching proving parameters: ${params_cmd[*]}"
 agent wrap --source setup --done-event params_done -- "${params_cmd[@]}"
 rc=$?
 if (( rc != 0 )); then
     say "parameter fetch failed (exit $rc)"
+    agent event params_done "exit_code=$rc" || say "params_done kept in the spool"
     exit "$rc"
 fi
 
 # 3. The benchmark: its output as benchout, the daemon's log as benchdaemon; bench_done and
 #    logs_complete are sent only once every line is stored.
 say "Starting benchmark: $proofs proofs, concurrency ${BENCH_CONCURRENCY:-3}, partition-workers ${BENCH_PARTITION_WORKERS:-16}"
-agent run --no-register --tail "benchdaemon=$bench_daemon_log" \
+agent run --no-register --tail "benchdaemon=$FLEETLOG_BENCH_DAEMON_LOG" --tail "benchresults=$FLEETLOG_BENCH_RESULTS_LOG" \
     --proofs "$proofs" --concurrency "${BENCH_CONCURRENCY:-3}" --partition-workers "${BENCH_PARTITION_WORKERS:-16}" \
     -- "${bench_cmd[@]}" "$proofs"
 rc=$?
@@ -109,6 +144,17 @@ supervise() {  # NAME LOG CMD...: restart CMD whenever it exits, until we stop
     [[ -n "$child" ]] && wait "$child" 2>/dev/null
 }
 
+shutdown() {
+    say "stopping: daemons first, then the log shipper"
+    if (( ${#children[@]} )); then  # a bare wait would wait for the log shipper too
+        kill -TERM "${children[@]}" 2>/dev/null
+        wait "${children[@]}" 2>/dev/null
+    fi
+    kill -TERM "$tail_pid" 2>/dev/null
+    wait "$tail_pid"
+    exit 0
+}
+trap shutdown TERM INT  # before 'running': a stop may come as soon as the server knows
 supervise cuzk "$cuzk_log" "${daemon_cmd[@]}" &
 children+=($!)
 if (( ${#curio_cmd[@]} )); then
@@ -117,14 +163,4 @@ if (( ${#curio_cmd[@]} )); then
 fi
 agent event running || say "'running' kept in the spool"
 say "proving stack running (cuzk-daemon${curio_cmd[*]:+, curio})"
-
-shutdown() {
-    say "stopping: daemons first, then the log shipper"
-    kill -TERM "${children[@]}" 2>/dev/null
-    wait "${children[@]}" 2>/dev/null
-    kill -TERM "$tail_pid" 2>/dev/null
-    wait "$tail_pid"
-    exit 0
-}
-trap shutdown TERM INT
 wait "${children[@]}"

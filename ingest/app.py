@@ -96,4 +96,5 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)
     page.setup(app)
+    app.on_shutdown.append(read.on_shutdown)
     return app

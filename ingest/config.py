@@ -68,6 +68,10 @@ class Settings:
     actuator_command: str = _setting("", "command run to carry out a destroy, e.g. 'vastai destroy instance {instance_id}'")
     actuator_timeout_s: float = _setting(30.0, "an actuator call is abandoned after this long", minimum=0.01)
     actuator_retries: int = _setting(3, "attempts of an actuator call before its decision is marked failed", minimum=1)
+    query_max_concurrent: int = _setting(2, "SQL API queries run at once (their own threads); beyond it 429 with Retry-After", minimum=1)
+    duckdb_memory_limit_mb: int = _setting(
+        256, "DuckDB's memory_limit; bigger queries spill to a temp directory next to the database, or fail with 400", minimum=16
+    )
     bench_timeout_s: float = _setting(
         3600.0, "a benchmark started this long ago with no bench_done is hung (class hung, destroy proposed)", minimum=1
     )

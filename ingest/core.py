@@ -1,10 +1,10 @@
 """The server's stateful parts, opened and closed together: the database, the seq index, the tail
-cache, the writer, and the policy engine. The HTTP app and ``fleetlog policy run`` both use it.
+cache, the writer, the reader, and the policy engine. The HTTP app and ``fleetlog policy run`` both
+use it. ``Writer`` and ``Reader`` are the only two doors to DuckDB.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -17,6 +17,7 @@ from ingest.fleetgauges import FleetCollector, GpuCollector
 from ingest.observe import IngestMetrics, LiveStateCollector
 from ingest.policy import PolicyEngine, PolicyParams, load_rules, store_settings
 from ingest.queryfiles import compose
+from ingest.reader import Reader
 from ingest.streams import StreamIndex
 from ingest.tailcache import TailCache
 from ingest.writer import Writer
@@ -27,18 +28,19 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Core:
     con: duckdb.DuckDBPyConnection  # the writer's; nobody else touches it
-    reader: duckdb.DuckDBPyConnection  # never executes: readers take their own ``reader.cursor()``
+    reader: Reader  # every read
     index: StreamIndex
     tail: TailCache
     writer: Writer
     policy: PolicyEngine
     hosts_sql: str  # queries/hosts.sql with host_performance in front
+    settings: Settings
 
     @classmethod
     def open(cls, settings: Settings, metrics: IngestMetrics) -> "Core":
         rules = load_rules(settings.queries_path)  # a broken rule stops start-up before the database opens
         hosts_sql = compose(settings.queries_path / "hosts.sql", settings.queries_path)
-        con = store.open_database(settings.db)
+        con = store.open_database(settings.db, settings.duckdb_memory_limit_mb)
         index = StreamIndex()
         cursor = con.cursor()
         index.load(cursor)
@@ -50,10 +52,14 @@ class Core:
             batch_max_delay_s=settings.batch_max_delay_s,
             queue_max_rows=settings.queue_max_rows,
             retry_after_s=settings.retry_after_s,
+            db_path=settings.db,
         )
-        # DuckDB refuses ``con.cursor()`` while ``con`` is executing, so readers must not derive their
-        # cursors from the writer's connection: they get theirs from an idle one.
-        reader = con.cursor()
+        reader = Reader(
+            con, index, tail, metrics,
+            timeout_s=settings.query_timeout_s,
+            query_max_concurrent=settings.query_max_concurrent,
+            retry_after_s=settings.retry_after_s,
+        )
         policy = PolicyEngine(
             reader, writer, index, tail, rules,
             PolicyParams(
@@ -90,19 +96,37 @@ class Core:
             FleetCollector(reader, hosts_sql, settings.min_rate, settings.query_timeout_s, settings.db)
         )
         metrics.registry.register(GpuCollector(reader, settings.gpu_gauge_window_s, settings.query_timeout_s))
+        core = cls(con, reader, index, tail, writer, policy, hosts_sql, settings)
+        writer._reopen = core.reopen
         writer.start()
         logger.info("database %s open, %d log streams indexed, %d policy rules", settings.db, index.stream_count(), len(rules))
-        return cls(con, reader, index, tail, writer, policy, hosts_sql)
+        return core
+
+    def reopen(self) -> duckdb.DuckDBPyConnection:
+        """Close and reopen the database after a storage failure (called on the writer thread, which
+        then uses the connection returned); the seq index and tail cache are rebuilt from the file."""
+        self.reader.suspend()
+        try:
+            self.con.close()
+        except duckdb.Error:
+            pass
+        con = store.open_database(self.settings.db, self.settings.duckdb_memory_limit_mb)
+        known = self.index.instances()
+        for instance_id in known:
+            self.index.forget(instance_id)
+            self.tail.forget(instance_id)
+        cursor = con.cursor()
+        try:
+            self.index.load(cursor)
+        finally:
+            cursor.close()
+        self.con = con
+        self.reader.resume(con)
+        return con
 
     async def close(self) -> None:
         await self.policy.close()
         await self.writer.stop()
-        for _ in range(100):  # a reader thread of a request cut short at shutdown may still run
-            try:
-                self.reader.close()
-                break
-            except duckdb.ResourceInUseException:
-                self.reader.interrupt()
-                await asyncio.sleep(0.05)
+        await self.reader.close()  # interrupts what still reads and waits for it
         self.con.close()
         logger.info("writer drained, database closed")

@@ -11,7 +11,9 @@
         ├── PayloadTooLarge    413: body over max_body_bytes, before or after gzip
         ├── QueryError         400: the SQL API refused or failed a query
         ├── QueryTimeout       408: a read query ran past query_timeout_s
-        └── Overloaded         503 with Retry-After: the writer queue is full
+        ├── Overloaded         503 with Retry-After: the writer queue is full
+        │   └── StorageUnavailable  503: the database cannot write (disk full); it is being reopened
+        └── TooManyQueries     429 with Retry-After: query_max_concurrent SQL queries already run
 """
 
 from __future__ import annotations
@@ -80,3 +82,23 @@ class Overloaded(RequestError):
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class TooManyQueries(RequestError):
+    """429 with Retry-After: ``query_max_concurrent`` SQL API queries already run."""
+
+    status = 429
+    reason = "too_many_queries"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class StorageUnavailable(Overloaded):
+    """503 with Retry-After: the database cannot write or read (disk full, invalidated); the server
+    is reopening it."""
+
+    reason = "storage_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)

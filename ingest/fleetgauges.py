@@ -3,9 +3,9 @@
 So that Grafana can draw the fleet through Prometheus: instances by state, best benchmark rate per
 machine, bad and eligible machines, failed runs by class, failed instances by phase, instances with
 incomplete logs, decisions by action and state, and the free space of the database's volume. Each
-scrape runs a few small queries on a reader cursor with a deadline. "Failed", "hung" and "logs
-complete" are the views of migration 005 (bench_outcomes, instance_phase, instance_logs), the same
-definitions the rules, the canned questions and the read API use.
+scrape runs a few small queries on a cursor of the Reader (``ingest/reader.py``), with a deadline.
+"Failed", "hung" and "logs complete" are the views of migration 005 (bench_outcomes, instance_phase,
+instance_logs), the same definitions the rules, the canned questions and the read API use.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import re
 import shutil
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import orjson
 
@@ -23,6 +23,9 @@ from prometheus_client.registry import Collector
 
 from ingest import reads
 from ingest.policy import utcnow
+
+if TYPE_CHECKING:
+    from ingest.reader import Reader
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +38,7 @@ DECISIONS = "SELECT action, state, count(*) FROM decisions GROUP BY 1, 2"
 
 
 class FleetCollector(Collector):
-    def __init__(self, reader, hosts_sql: str, min_rate: float, timeout_s: float, db_path: str | Path) -> None:
+    def __init__(self, reader: "Reader", hosts_sql: str, min_rate: float, timeout_s: float, db_path: str | Path) -> None:
         self.reader = reader
         self.hosts_sql = hosts_sql
         self.min_rate = min_rate
@@ -130,7 +133,7 @@ class GpuCollector(Collector):
     """The latest value of every GPU metric (DCGM-exporter names) per instance and GPU, from the
     samples received in the last ``window_s``; a killed or silent instance drops out."""
 
-    def __init__(self, reader, window_s: float, timeout_s: float) -> None:
+    def __init__(self, reader: "Reader", window_s: float, timeout_s: float) -> None:
         self.reader = reader
         self.window_s = window_s
         self.timeout_s = timeout_s

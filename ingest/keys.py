@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import duckdb
 from aiohttp import web
 
 from ingest.auth import InstanceRateLimiter, TokenBook
 from ingest.config import Settings
 from ingest.core import Core
 from ingest.observe import IngestMetrics
+from ingest.reader import Reader
 from ingest.streams import StreamIndex
 from ingest.tailcache import TailCache
 from ingest.writer import Writer
 
 SETTINGS = web.AppKey("settings", Settings)
 CORE = web.AppKey("core", Core)
-DB = web.AppKey("db", duckdb.DuckDBPyConnection)  # the readers' connection: take a cursor() per call
+DB = web.AppKey("db", Reader)  # the one door for reads
 WRITER = web.AppKey("writer", Writer)
 INDEX = web.AppKey("index", StreamIndex)
 TAIL = web.AppKey("tail", TailCache)

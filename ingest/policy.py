@@ -246,9 +246,12 @@ class PolicyEngine:
             await self._destroy(decision, report, now)
         for decision in (d for d in proposed if d["action"] == "delete_logs"):
             instance_id = decision["subject"]
-            await self.writer.execute(lambda con: _delete_logs(con, instance_id), kind="policy")
-            self.index.forget(instance_id)
-            self.tail.forget(instance_id)
+
+            def forget(instance_id: str = instance_id) -> None:  # on the writer thread, in step with the delete
+                self.index.forget(instance_id)
+                self.tail.forget(instance_id)
+
+            await self.writer.execute(lambda con: _delete_logs(con, instance_id), kind="policy", after_commit=forget)
             await self._settle(decision, "executed", None, now)
             report.executed.append(decision["id"])
 

@@ -1,7 +1,7 @@
 """The DuckDB file: opening it, numbered migrations, and the statements the writer commits.
 
-Only the writer thread calls ``write_batch`` (on the one write connection). Readers use
-``connection.cursor()`` per call (see ``ingest/reads.py``).
+Only the writer thread calls ``write_batch`` (on the one write connection). Every read goes through
+``ingest/reader.py`` (a cursor per call).
 """
 
 from __future__ import annotations
@@ -55,11 +55,16 @@ def migrations() -> list[tuple[int, str, str]]:
     return sorted(out)
 
 
-def open_database(path: str | Path) -> duckdb.DuckDBPyConnection:
+TEMP_DIR_FACTOR = 8  # spilled query state may take this many times the memory limit on disk
+
+
+def open_database(path: str | Path, memory_limit_mb: int = 256) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) and migrate the database, then lock it down for readers.
 
-    File and network access are switched off and the configuration locked for the whole database
-    instance, so no cursor handed to the SQL API can read files or change that.
+    DuckDB's memory is capped at ``memory_limit_mb``, beyond which queries spill to
+    ``<db>.tmp/`` (itself capped); file and network access are switched off and the configuration
+    locked for the whole database instance, so no cursor handed to the SQL API can read files or
+    change that.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,9 +72,16 @@ def open_database(path: str | Path) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect(str(path))
     except duckdb.Error as e:
         raise StoreError(f"cannot open database {path}: {e}") from e
-    migrate(con)
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
+    try:
+        migrate(con)
+        con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
+        con.execute("SET temp_directory = '{}'".format((str(path) + ".tmp").replace("'", "''")))
+        con.execute(f"SET max_temp_directory_size = '{int(memory_limit_mb) * TEMP_DIR_FACTOR}MB'")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except Exception:
+        con.close()
+        raise
     return con
 
 

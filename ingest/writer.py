@@ -7,6 +7,13 @@ batch, writes the rest in one transaction, and only then updates the in-memory i
 each request's future with its own accepted/duplicate counts (datasette's ``_execute_writes``
 pattern, with group commit). A failed group is retried request by request, so one request that the
 database refuses fails alone. A sentinel drains the queue on shutdown.
+
+When the database cannot write (disk full, database invalidated) the writer answers every request
+503 with Retry-After (``storage_error`` is set, ``/readyz`` says not ready) and, on its own thread,
+asks ``reopen`` to close and reopen the database every ``retry_after_s`` until it works; nothing
+acknowledged is lost, since only committed rows were ever acknowledged and the in-memory indexes are
+rebuilt from the reopened file. Actions with ``after_commit`` commit alone, and their
+``after_commit`` runs on this thread right after, before any other request is staged.
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ from itertools import repeat
 from typing import Any, Callable
 from dataclasses import dataclass, field
 
+import shutil
+from pathlib import Path
+
 import duckdb
 
 from ingest import store
 from ingest.codec import Event, LogChunk, MetricRows, now_us
-from ingest.errors import Overloaded, StoreError
+from ingest.errors import Overloaded, StorageUnavailable, StoreError
 from ingest.observe import IngestMetrics
 from ingest.streams import StreamIndex, StreamKey
 from ingest.tailcache import TailCache, TailKey, TailRow
@@ -54,6 +64,7 @@ class _Request:
     future: asyncio.Future
     kind: str
     actions: list[Action] = field(default_factory=list)
+    after_commit: Callable[[], None] | None = None  # set: commits alone, then this runs on the writer thread
 
 
 @dataclass
@@ -84,8 +95,13 @@ class Writer:
         batch_max_delay_s: float,
         queue_max_rows: int,
         retry_after_s: int,
+        reopen: Callable[[], duckdb.DuckDBPyConnection] | None = None,
+        db_path: str | None = None,
     ) -> None:
         self._con = con
+        self._reopen = reopen
+        self._db_dir = Path(db_path).resolve().parent if db_path else None
+        self.storage_error: str | None = None  # set while the database cannot write; the thread reopens it
         self._index = index
         self._tail = tail
         self._metrics = metrics
@@ -93,6 +109,7 @@ class Writer:
         self._batch_max_delay_s = batch_max_delay_s
         self._queue_max_rows = queue_max_rows
         self._retry_after_s = retry_after_s
+        self.retry_after_s = max(1, retry_after_s)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.pending_rows = 0  # touched only on the event loop
@@ -123,14 +140,19 @@ class Writer:
         metrics: MetricRows | None = None,
         actions: list[Action] | None = None,
         kind: str = "logs",
+        after_commit: Callable[[], None] | None = None,
     ) -> WriteResult:
-        """Queue rows and wait for the commit that holds them. Raises Overloaded when full."""
+        """Queue rows and wait for the commit that holds them. Raises Overloaded when full, and
+        StorageUnavailable while the database cannot write."""
         logs = logs or []
         events = events or []
         metrics = metrics if metrics is not None else MetricRows()
         rows = sum(len(c.lines) for c in logs) + len(events) + len(metrics)
         if not self.running:
             raise Overloaded("the writer is not running", retry_after_s=self._retry_after_s)
+        if self.storage_error is not None:
+            raise StorageUnavailable(f"the database cannot write ({self.storage_error}); retry later",
+                                     retry_after_s=self.retry_after_s)
         if self.pending_rows and self.pending_rows + rows > self._queue_max_rows:
             raise Overloaded(
                 f"writer queue full ({self.pending_rows} rows pending); retry later",
@@ -140,7 +162,7 @@ class Writer:
         future = loop.create_future()
         self.pending_rows += rows
         self.pending_requests += 1
-        self._queue.put(_Request(logs, events, metrics, rows, loop, future, kind, actions or []))
+        self._queue.put(_Request(logs, events, metrics, rows, loop, future, kind, actions or [], after_commit))
         try:
             return await asyncio.shield(future)
         finally:
@@ -154,13 +176,15 @@ class Writer:
         self.pending_rows -= rows
         self.pending_requests -= 1
 
-    async def execute(self, action: Action, kind: str = "action") -> Any:
+    async def execute(self, action: Action, kind: str = "action", after_commit: Callable[[], None] | None = None) -> Any:
         """Run ``action(connection)`` in the writer's next transaction; return what it returned.
 
         For the few writes that are not pushes (decisions, verdicts, retention): they go through
-        the one writer like everything else, and are committed when this returns.
+        the one writer like everything else, and are committed when this returns. ``after_commit``
+        (e.g. forgetting deleted streams in the dedupe index) runs on the writer thread right after
+        that commit, which then holds no other request, so no push is staged against stale state.
         """
-        result = await self.submit(actions=[action], kind=kind)
+        result = await self.submit(actions=[action], kind=kind, after_commit=after_commit)
         return result.results[0]
 
     async def flush(self) -> None:
@@ -170,14 +194,19 @@ class Writer:
     # -- writer thread -------------------------------------------------------------------------
     def _run(self) -> None:
         stopping = False
+        held = None  # a request that must commit alone, taken while gathering the previous batch
         while not stopping:
-            item = self._queue.get()
+            if self.storage_error is not None:
+                stopping = self._recover()
+                continue
+            item = held if held is not None else self._queue.get()
+            held = None
             if item is _STOP:
                 break
             batch = [item]
             rows = item.rows
             deadline = time.monotonic() + self._batch_max_delay_s
-            while rows < self._batch_max_rows:
+            while rows < self._batch_max_rows and item.after_commit is None:
                 try:
                     wait = deadline - time.monotonic()
                     nxt = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
@@ -185,6 +214,9 @@ class Writer:
                     break
                 if nxt is _STOP:
                     stopping = True
+                    break
+                if nxt.after_commit is not None:
+                    held = nxt
                     break
                 batch.append(nxt)
                 rows += nxt.rows
@@ -194,6 +226,34 @@ class Writer:
                 logger.exception("writer failed a batch of %d requests", len(batch))
                 for request in batch:
                     _resolve(request, error=StoreError(f"write failed: {e}"))
+        if held is not None and held is not _STOP:
+            self._commit_group([held])
+
+    def _recover(self) -> bool:
+        """While the database cannot write: refuse what is queued (503), and every
+        ``retry_after_s`` try to reopen it once the disk has room. Returns True on the stop sentinel."""
+        deadline = time.monotonic() + self.retry_after_s
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return True
+            _resolve(item, error=StorageUnavailable(f"the database cannot write ({self.storage_error}); retry later",
+                                                    retry_after_s=self.retry_after_s))
+        if self._db_dir is not None and shutil.disk_usage(self._db_dir).free < RECOVER_MIN_FREE_BYTES:
+            return False
+        if self._reopen is None:
+            return False
+        try:
+            self._con = self._reopen()
+        except Exception as e:
+            logger.warning("database still unavailable (%s); retrying in %d s", e, self.retry_after_s)
+            return False
+        logger.warning("database reopened after: %s", self.storage_error)
+        self.storage_error = None
+        return False
 
     def _commit_group(self, batch: list[_Request]) -> None:
         staged = self._stage(batch)
@@ -204,6 +264,18 @@ class Writer:
             )
         except StoreError as e:
             self._metrics.commit_errors.inc()
+            if is_storage_failure(e):
+                logger.error("the database cannot write (%s); refusing writes until it is reopened", e)
+                self.storage_error = _first_line(str(e))
+                for request in batch:
+                    _resolve(request, error=StorageUnavailable(
+                        f"the database cannot write ({self.storage_error}); retry later", retry_after_s=self.retry_after_s))
+                return
+            if isinstance(e.__cause__, duckdb.OutOfMemoryException):
+                for request in batch:
+                    _resolve(request, error=Overloaded(f"the database is out of memory ({e}); retry later",
+                                                       retry_after_s=self.retry_after_s))
+                return
             if len(batch) > 1:
                 logger.warning("group commit of %d requests failed (%s); retrying one by one", len(batch), e)
                 for request in batch:
@@ -215,6 +287,12 @@ class Writer:
         self._metrics.commit_seconds.observe(time.perf_counter() - started)
         self._metrics.batch_rows.observe(len(staged.logs) + len(staged.events) + len(staged.metrics))
         self._publish(staged)
+        for request in batch:
+            if request.after_commit is not None:
+                try:
+                    request.after_commit()
+                except Exception:
+                    logger.exception("after_commit of a %s failed", request.kind)
         for i, is_new in enumerate(fresh):
             staged.counts[staged.event_owner[i]][0 if is_new else 1] += 1
         results: list[list[Any]] = [[] for _ in batch]
@@ -316,6 +394,22 @@ class Writer:
         for tail_key, rows in staged.tail_rows.items():
             rows.sort()
             self._tail.on_commit(tail_key, rows, tail_key in new_sources)
+
+
+RECOVER_MIN_FREE_BYTES = 1024 * 1024  # reopen once the database's disk has this much room
+
+
+def is_storage_failure(e: BaseException) -> bool:
+    """Whether a write failed because of the disk or a database DuckDB invalidated (not the data)."""
+    cause = e.__cause__ or e
+    text = str(e)
+    return isinstance(cause, (duckdb.FatalException, duckdb.IOException)) or any(
+        marker in text for marker in ("No space left", "invalidated", "Could not write file")
+    )
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:200] if text.strip() else "unknown error"
 
 
 def _resolve(request: _Request, *, result: WriteResult | None = None, error: Exception | None = None) -> None:

@@ -1,6 +1,6 @@
-"""The containers, tested as far as this machine allows (no Docker engine here): the entrypoint runs
-for real against the real server with stand-in commands; shellcheck; the compose file and the
-Dockerfiles are parsed and cross-checked with the server's settings."""
+"""The containers' parts without a container engine: the entrypoint runs for real against the real
+server with stand-in commands; shellcheck; the compose file and the Dockerfiles are parsed and
+cross-checked with the server's settings. tests/test_container.py builds and runs the images."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def get(server, path: str):
         return orjson.loads(r.read())
 
 
-def wait_for(predicate, what: str, timeout_s: float = 60):
+def wait_for(predicate, what: str, timeout_s: float = 180):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
@@ -56,6 +56,9 @@ def entrypoint_env(server, tmp_path: Path, **extra: str) -> dict[str, str]:
         "FLEETLOG_STATE_DIR": str(tmp_path / "state"),
         "FLEETLOG_LOG_DIR": str(tmp_path / "logs"),
         "FLEETLOG_BENCH_DAEMON_LOG": str(tmp_path / "cuzk-bench-daemon.log"),
+        "FLEETLOG_BENCH_RESULTS_LOG": str(tmp_path / "cuzk-bench-results.log"),
+        "FLEETLOG_GPU_MODEL": "RTX 4090",
+        "FLEETLOG_IMAGE_VERSION": "0.1.0+test",
         "FLEETLOG_PARAMS_CMD": str(SCRIPTS / "standin_params.sh"),
         "FLEETLOG_BENCH_CMD": str(SCRIPTS / "standin_benchmark.sh"),
         "FLEETLOG_DAEMON_CMD": f"{SCRIPTS / 'standin_daemon.sh'} cuzk-daemon",
@@ -67,10 +70,43 @@ def entrypoint_env(server, tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
+def start_entrypoint(env: dict[str, str], out: Path) -> subprocess.Popen:
+    """The entrypoint in a process group of its own: killing the group ends every agent and daemon."""
+    with out.open("wb") as f:
+        return subprocess.Popen(["bash", str(ENTRYPOINT)], env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, out: Path, timeout_s: float = 240) -> str:
+    """Wait for the entrypoint; whatever happens, nothing of its group outlives the test."""
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        kill_group(proc)
+    return out.read_text(errors="replace")
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group outlives its leader: always sweep it
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_entrypoint(env: dict[str, str], tmp_path: Path) -> tuple[int | None, str]:
+    out = tmp_path / "entrypoint.out"
+    proc = start_entrypoint(env, out)
+    text = finish(proc, out)
+    return proc.returncode, text
+
+
 def test_entrypoint_runs_every_phase_through_the_agent(server_process, tmp_path):
     server = server_process("--policy-interval", "0").start()
-    proc = subprocess.Popen(["bash", str(ENTRYPOINT)], env=entrypoint_env(server, tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = tmp_path / "entrypoint.out"
+    proc = start_entrypoint(entrypoint_env(server, tmp_path), out)
     try:
         def running_with_daemon_logs():
             try:
@@ -82,21 +118,27 @@ def test_entrypoint_runs_every_phase_through_the_agent(server_process, tmp_path)
             return "running" in kinds and {"cuzk", "curio"} <= set(detail["logs"]) and detail
 
         wait_for(running_with_daemon_logs, "the proving stack to run and ship its logs")
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        proc.send_signal(signal.SIGTERM)  # the leader only, as docker stop does
+        text = finish(proc, out)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out
-    detail = get(server, "/api/v1/instances/C.32733029")
+        kill_group(proc)
+    assert proc.returncode == 0, text
+    detail = wait_for(lambda: (d := get(server, "/api/v1/instances/C.32733029"))["logs"].get("entrypoint", {}).get("complete") and d,
+                      "the entrypoint's own lines to be complete")
     kinds = [e["kind"] for e in detail["events"] if e["kind"] not in ("logs_complete", "gpu_state")]
     assert kinds == ["registered", "params_done", "bench_started", "bench_done", "running"], kinds
-    assert detail["machine_id"] == 55891 and detail["location"] == "Norway"
+    assert detail["machine_id"] == 55891 and detail["location"] == "Norway" and detail["gpu_model"] == "RTX 4090"
+    registered = next(e for e in detail["events"] if e["kind"] == "registered")
+    assert registered["body"]["labels"] == {"image_version": "0.1.0+test"}
     assert detail["bench"]["exit_code"] == 0 and detail["bench"]["rate_per_hour"] == 41.7
     assert detail["bench"]["proofs"] == 3 and detail["bench"]["partition_workers"] == 16
-    for source in ("setup", "benchout", "benchdaemon"):
+    for source in ("setup", "benchout", "benchdaemon", "benchresults", "cuzk", "curio", "entrypoint"):
         assert detail["logs"][source]["complete"] is True, (source, detail["logs"][source])
+    results = [l["line"] for l in get(server, "/api/v1/instances/C.32733029/logs?source=benchresults")["lines"]]
+    assert results == ["proof 1/3: 141.0 s", "proof 2/3: 141.0 s", "proof 3/3: 141.0 s"]
+    own = [l["line"] for l in get(server, "/api/v1/instances/C.32733029/logs?source=entrypoint&tail=1000")["lines"]]
+    assert own[0].startswith("[entrypoint] ") and "registering C.32733029" in own[0], own
+    assert "stopping: daemons first" in own[-1], own  # its last words before the exit, shipped
     setup = get(server, "/api/v1/instances/C.32733029/logs?source=setup")["lines"]
     assert [l["line"] for l in setup] == ["fetching v28-stacked-proof-of-replication-merkletree-poseidon_hasher-8-8-0-sha256_hasher.params",
                                           "fetched 3 of 3 parameter files (56.2 GiB) in 212 s"]
@@ -108,23 +150,26 @@ def test_entrypoint_runs_every_phase_through_the_agent(server_process, tmp_path)
 
 def test_entrypoint_failed_benchmark_exits_with_its_code_after_the_evidence(server_process, tmp_path):
     server = server_process("--policy-interval", "0").start()
-    proc = subprocess.run(["bash", str(ENTRYPOINT)], env=entrypoint_env(server, tmp_path, STANDIN_BENCH="oom"),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "benchmark.sh exited with error" in proc.stdout + proc.stderr
+    rc, out = run_entrypoint(entrypoint_env(server, tmp_path, STANDIN_BENCH="oom"), tmp_path)
+    assert rc == 1, out
+    assert "benchmark.sh exited with error" in out
     detail = get(server, "/api/v1/instances/C.32733029")
     assert "running" not in [e["kind"] for e in detail["events"]]
     assert detail["bench"]["exit_code"] == 1 and "out of memory" in detail["bench"]["failure_excerpt"]
-    assert detail["logs"]["benchdaemon"]["complete"] is True
+    for source in ("benchdaemon", "benchresults", "entrypoint"):
+        assert detail["logs"][source]["complete"] is True, (source, detail["logs"][source])
 
 
 def test_entrypoint_stops_when_the_parameter_fetch_fails(server_process, tmp_path):
     server = server_process("--policy-interval", "0").start()
-    proc = subprocess.run(["bash", str(ENTRYPOINT)], env=entrypoint_env(server, tmp_path, STANDIN_PARAMS_EXIT="3"),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 3
-    kinds = [e["kind"] for e in get(server, "/api/v1/instances/C.32733029")["events"]]
-    assert kinds == ["registered", "logs_complete"]  # the setup output is complete; no params_done, no benchmark
+    rc, out = run_entrypoint(entrypoint_env(server, tmp_path, STANDIN_PARAMS_EXIT="3"), tmp_path)
+    assert rc == 3, out
+    detail = get(server, "/api/v1/instances/C.32733029")
+    kinds = [e["kind"] for e in detail["events"] if e["kind"] != "logs_complete"]
+    assert kinds == ["registered", "params_done"]  # no benchmark
+    [params_done] = [e for e in detail["events"] if e["kind"] == "params_done"]
+    assert params_done["body"]["exit_code"] == 3
+    assert detail["logs"]["setup"]["complete"] is True and detail["logs"]["entrypoint"]["complete"] is True
     setup = get(server, "/api/v1/instances/C.32733029/logs?source=setup")["lines"]
     assert len(setup) == 2  # the failed fetch's output is stored all the same
 
@@ -149,6 +194,11 @@ def test_compose_references_existing_files_and_the_servers_ports():
     services = compose["services"]
     assert set(services) == {"ingest", "prometheus", "grafana"}
     ingest = services["ingest"]
+    # without a profile only the ingest server starts, from a local image: no registry needed
+    assert [name for name, s in services.items() if not s.get("profiles")] == ["ingest"]
+    assert ingest["image"].startswith("${FLEETLOG_INGEST_IMAGE:-localhost/") and ingest["pull_policy"] == "never"
+    assert ingest["build"]["args"]["BASE"].endswith(":-python:3.11-slim}")  # the Dockerfile's default
+    assert services["prometheus"]["profiles"] == services["grafana"]["profiles"] == ["monitoring"]
     build = ingest["build"]
     assert (DOCKER / build["context"] / build["dockerfile"]).is_file()
     defaults = Settings()
@@ -180,19 +230,30 @@ def test_prometheus_and_grafana_in_compose_point_at_the_ingest_service():
 def test_dockerfiles_copy_what_exists_and_set_real_settings(dockerfile):
     text = (DOCKER / dockerfile).read_text()
     for line in text.splitlines():
-        if line.startswith("COPY "):
+        if line.startswith("COPY ") and "--from=" not in line:  # --from copies from a build stage
             for source in line.split()[1:-1]:
                 assert (REPO / source).exists(), line
     settings = {f"FLEETLOG_{f.name.upper()}" for f in dataclasses.fields(Settings)}
     for name in re.findall(r"\b(FLEETLOG_[A-Z_]+)=", text):
-        assert name in settings or name.startswith("FLEETLOG_AGENT_"), name
+        own = name == "FLEETLOG_IMAGE_VERSION" and name in ENTRYPOINT.read_text()  # the image's, sent by the entrypoint
+        assert name in settings or name.startswith("FLEETLOG_AGENT_") or own, name
     assert re.search(r"^FROM ", text, re.MULTILINE) and re.search(r"^ENTRYPOINT \[", text, re.MULTILINE)
+
+
+@pytest.mark.parametrize("dockerfile", ["ingest.Dockerfile", "agent.Dockerfile"])
+def test_dockerfiles_take_their_base_and_version_as_build_arguments(dockerfile):
+    text = (DOCKER / dockerfile).read_text()
+    default = {"ingest.Dockerfile": "python:3.11-slim", "agent.Dockerfile": "nvidia/cuda:12.4.1-runtime-ubuntu22.04"}[dockerfile]
+    assert re.search(rf"^ARG BASE={re.escape(default)}$", text, re.MULTILINE)
+    assert re.search(r"^FROM \$\{BASE\}", text, re.MULTILINE)
+    assert "ARG FLEETLOG_IMAGE_VERSION" in text and 'org.opencontainers.image.version="${FLEETLOG_IMAGE_VERSION}"' in text
+    assert "--mount=type=secret,id=ca" in text and "COPY /etc/ssl" not in text  # the CA bundle is never a layer
 
 
 def test_agent_image_carries_no_server():
     text = (DOCKER / "agent.Dockerfile").read_text()
-    assert "duckdb" not in text.lower() or "no duckdb" in text.lower()
-    assert "--no-deps" in text and "rm -rf /opt/fleetlog/ingest" in text
+    assert '".[agent]"' in text and "duckdb" not in text.lower().replace("no duckdb", "")
+    assert "--no-deps" in text and "site-packages/ingest" in text
     agent_sources = "\n".join(p.read_text() for p in (REPO / "agent").glob("*.py"))
     assert not re.search(r"^\s*(from|import)\s+(ingest|duckdb)\b", agent_sources, re.MULTILINE)
 
@@ -202,8 +263,8 @@ def test_entrypoint_with_tokens_on_enrolls_once_and_pushes_with_the_instance_tok
                             "--admin-token", "fleet-admin").start()
     env = entrypoint_env(server, tmp_path, STANDIN_BENCH="oom", FLEETLOG_ENROLL_TOKEN="fleet-enroll",
                          FLEETLOG_AGENT_TOKEN_FILE=str(tmp_path / "instance.token"))
-    proc = subprocess.run(["bash", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rc, out = run_entrypoint(env, tmp_path)
+    assert rc == 1, out
     request = urllib.request.Request(server.url + "/api/v1/instances/C.32733029",
                                      headers={"Authorization": "Bearer fleet-read"})
     with urllib.request.urlopen(request) as r:
@@ -211,4 +272,5 @@ def test_entrypoint_with_tokens_on_enrolls_once_and_pushes_with_the_instance_tok
     assert [e["kind"] for e in detail["events"]].count("registered") == 1
     assert detail["bench"]["exit_code"] == 1 and detail["logs"]["benchdaemon"]["complete"] is True
     assert (tmp_path / "instance.token").stat().st_mode & 0o777 == 0o600
-    assert "fleet-enroll" not in proc.stdout + proc.stderr
+    assert detail["logs"]["entrypoint"]["complete"] is True  # the self-tail agent used the instance token too
+    assert "fleet-enroll" not in out

@@ -139,12 +139,12 @@ async def test_resend_after_restart_is_still_deduplicated(aiohttp_client, settin
     "sql, fragment",
     [
         ("COPY logs TO '/tmp/stolen.csv'", "only SELECT"),
-        ("SELECT * FROM read_text('/etc/passwd')", "Permission"),
+        ("SELECT * FROM read_text('/etc/passwd')", "not allowed"),
         ("ATTACH '/tmp/other.duckdb' AS other", "only SELECT"),
         ("SELECT 1; SELECT 2", "exactly one statement"),
         ("DELETE FROM logs", "only SELECT"),
         ("SET enable_external_access = true", "only SELECT"),
-        ("SELECT * FROM read_csv('http://example.com/x.csv')", "Permission"),
+        ("SELECT * FROM read_csv('http://example.com/x.csv')", "not allowed"),
         ("SELEC nonsense", "does not parse"),
     ],
 )

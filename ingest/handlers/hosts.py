@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ingest import codec, reads
+from ingest import codec
 from ingest.auth import ADMIN, requires
 from ingest.errors import BadRequest, NotFound
-from ingest.handlers.http import json_response, read_body
-from ingest.handlers.read import _int_param, run_read
-from ingest.keys import CORE, SETTINGS
+from ingest.handlers.http import int_param, json_response, read_body
+from ingest.keys import CORE, DB, SETTINGS
 from ingest.policy import utcnow
 
 MAX_VERDICT_BODY_BYTES = 64 * 1024
@@ -24,8 +23,7 @@ def _machine_id(request: web.Request) -> int:
 
 
 async def _hosts(request: web.Request, machine_id: int | None) -> list[dict]:
-    return await run_read(request, "hosts", reads.hosts, request.app[CORE].hosts_sql, request.app[SETTINGS].min_rate,
-                          utcnow(), machine_id)
+    return await request.app[DB].hosts(request.app[CORE].hosts_sql, request.app[SETTINGS].min_rate, utcnow(), machine_id)
 
 
 async def get_hosts(request: web.Request) -> web.Response:
@@ -76,10 +74,9 @@ async def post_include(request: web.Request) -> web.Response:
 
 async def get_decisions(request: web.Request) -> web.Response:
     q = request.query
-    rows = await run_read(
-        request, "decisions", reads.decisions,
+    rows = await request.app[DB].decisions(
         state=q.get("state") or None, action=q.get("action") or None, subject=q.get("subject") or None,
-        limit=_int_param(request, "limit", 200, minimum=1, maximum=10_000),
+        limit=int_param(request, "limit", 200, minimum=1, maximum=10_000),
     )
     return json_response({"decisions": rows})
 

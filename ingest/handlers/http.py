@@ -73,3 +73,17 @@ def build_error_middleware(count_rejection):
             return json_response(error_body(500, "internal error; see the server log"), 500)
 
     return error_middleware
+
+
+def int_param(request: web.Request, name: str, default: int | None, *, minimum: int = 0, maximum: int | None = None) -> int | None:
+    """The query parameter ``name`` as an integer in [minimum, maximum], or 400 naming it."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name}: expected an integer, got {raw[:40]!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        raise BadRequest(f"{name}: expected an integer from {minimum} to {maximum}, got {value}")
+    return value

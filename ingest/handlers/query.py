@@ -1,4 +1,6 @@
-"""``POST /api/v1/query``: one read-only SELECT → columns and rows (JSON, CSV or an Arrow IPC stream)."""
+"""``POST /api/v1/query``: one read-only SELECT → columns and rows (JSON, CSV or an Arrow IPC stream).
+
+The Reader checks the SQL and runs it read-only, always rolled back (``ingest/reads.py``)."""
 
 from __future__ import annotations
 
@@ -10,20 +12,11 @@ from aiohttp import web
 from ingest import codec
 from ingest.errors import BadRequest
 from ingest.handlers.http import json_response, read_body
-from ingest.handlers.read import run_read
-from ingest.keys import SETTINGS
-from ingest import queryfiles, reads
+from ingest.keys import DB, SETTINGS
+from ingest import queryfiles
 from ingest.policy import utcnow
 
 MAX_QUERY_BODY_BYTES = 1024 * 1024
-
-
-def _run(con, timeout_s: float, sql: str, max_rows: int, params: dict):
-    return reads.run_select(con, sql, timeout_s, max_rows, params)
-
-
-def _run_arrow(con, timeout_s: float, sql: str, max_rows: int, params: dict):
-    return reads.run_select_arrow(con, sql, timeout_s, max_rows, params)
 
 
 async def post_query(request: web.Request) -> web.Response:
@@ -40,10 +33,10 @@ async def post_query(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     params = queryfiles.bind(sql, given, {"now": utcnow(), "min_rate": settings.min_rate})
     if fmt == "arrow":
-        body, truncated = await run_read(request, "sql", _run_arrow, sql, settings.query_max_rows, params)
+        body, truncated = await request.app[DB].sql(sql, params, settings.query_max_rows, arrow=True)
         headers = {"X-Fleetlog-Truncated": "1"} if truncated else None
         return web.Response(body=body, content_type="application/vnd.apache.arrow.stream", headers=headers)
-    columns, rows, truncated = await run_read(request, "sql", _run, sql, settings.query_max_rows, params)
+    columns, rows, truncated = await request.app[DB].sql(sql, params, settings.query_max_rows)
     headers = {"X-Fleetlog-Truncated": "1"} if truncated else None
     if fmt == "csv":
         out = io.StringIO()

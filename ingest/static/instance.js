@@ -57,6 +57,7 @@ function renderHead(el, d) {
     ["host", d.host_id ?? "—"],
     ["$/h", d.dph === null ? "—" : fmtNumber(d.dph, 3)],
     ["location", d.location || "—"],
+    ["image", imageVersion(d) || "—"],
     ["first seen", fmtTime(d.first_seen)],
     ["last seen", timeCell(d.last_seen)],
   ];
@@ -65,6 +66,14 @@ function renderHead(el, d) {
     h("h1", null, h("a", { href: "#/fleet", class: "up", text: "Fleet ›" }), " ", h("span", { id: "instance-id", text: d.instance_id }), " ", stateBadge(d.state)),
     h("dl", { class: "facts" }, facts.map(([k, v]) => h("div", null, h("dt", { text: k }), h("dd", null, v)))),
   );
+}
+
+// The image the instance runs, as its entrypoint said in 'registered' (labels.image_version): a stale
+// image shows here.
+function imageVersion(d) {
+  const registered = (d.events || []).filter((e) => e.kind === "registered").pop();
+  const version = registered?.body?.labels?.image_version;
+  return typeof version === "string" ? version : null;
 }
 
 function renderBanner(el, d, min) {

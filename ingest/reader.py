@@ -1,0 +1,204 @@
+"""The one door for reads: every query the server runs for a reader goes through ``Reader``.
+
+It owns the read cursors (each query takes its own from one idle connection and gives it back),
+their deadlines (``cursor.interrupt`` after ``query_timeout_s``), the tail-cache protocol, and
+admission: the page's and agents' reads run on their own threads, and user SQL (the SQL API) on a
+small pool of its own (``query_max_concurrent``; beyond it 429 with Retry-After), so a few slow SQL
+queries never starve the instance list. User SQL is checked and runs read-only, always rolled back
+(``ingest/reads.py``). ``close`` interrupts what still runs, waits for it, then closes; ``suspend``
+and ``resume`` do the same around a reopen of the database (see ``Core.recover``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import duckdb
+
+from ingest import reads
+from ingest.errors import StorageUnavailable, TooManyQueries
+from ingest.observe import IngestMetrics
+from ingest.streams import StreamIndex
+from ingest.tailcache import TailCache
+
+READ_THREADS = 8  # the page's and agents' reads: small indexed queries
+FOLLOW_MAX_TAIL = 10_000
+
+
+class Reader:
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        index: StreamIndex,
+        tail: TailCache,
+        metrics: IngestMetrics,
+        *,
+        timeout_s: float,
+        query_max_concurrent: int,
+        retry_after_s: int,
+    ) -> None:
+        # DuckDB refuses ``con.cursor()`` while ``con`` is executing, so cursors come from an idle one
+        self._root: duckdb.DuckDBPyConnection | None = con.cursor()
+        self.index = index
+        self.tail = tail
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self.query_max_concurrent = query_max_concurrent
+        self.retry_after_s = max(1, retry_after_s)
+        self._cond = threading.Condition()
+        self._active: set[duckdb.DuckDBPyConnection] = set()
+        self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fleetlog-read")
+        self._sql_pool = ThreadPoolExecutor(query_max_concurrent, thread_name_prefix="fleetlog-sql")
+        self._sql_running = 0  # touched only on the event loop
+        self.stopping = asyncio.Event()  # set at shutdown: follow=1 streams end
+
+    # -- cursors ---------------------------------------------------------------------------------
+    def open_cursor(self) -> duckdb.DuckDBPyConnection:
+        """A tracked cursor (``reads.deadline_cursor`` takes these); give it back with close_cursor."""
+        with self._cond:
+            if self._root is None:
+                raise StorageUnavailable("the database is being reopened; retry later", retry_after_s=self.retry_after_s)
+            cursor = self._root.cursor()
+            self._active.add(cursor)
+            return cursor
+
+    def close_cursor(self, cursor: duckdb.DuckDBPyConnection) -> None:
+        try:
+            cursor.close()
+        finally:
+            with self._cond:
+                self._active.discard(cursor)
+                self._cond.notify_all()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """An untracked cursor for start-up and tests; the caller closes it."""
+        if self._root is None:
+            raise StorageUnavailable("the database is being reopened; retry later", retry_after_s=self.retry_after_s)
+        return self._root.cursor()
+
+    def suspend(self, wait_s: float = 10.0) -> None:
+        """Refuse new reads, interrupt running ones, wait for them, and close the connection."""
+        with self._cond:
+            root, self._root = self._root, None
+            for cursor in list(self._active):
+                try:
+                    cursor.interrupt()
+                except duckdb.Error:
+                    pass
+            self._cond.wait_for(lambda: not self._active, timeout=wait_s)
+        if root is not None:
+            try:
+                root.close()
+            except duckdb.Error:
+                pass
+
+    def resume(self, con: duckdb.DuckDBPyConnection) -> None:
+        with self._cond:
+            self._root = con.cursor()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.suspend)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._sql_pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- running ---------------------------------------------------------------------------------
+    async def _run(self, api: str, fn: Callable, *args: Any, pool: ThreadPoolExecutor | None = None, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            call = functools.partial(fn, self, self.timeout_s, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(pool or self._pool, call)
+        finally:
+            self.metrics.query_seconds.labels(api=api).observe(time.perf_counter() - started)
+
+    async def call(self, fn: Callable, *args: Any) -> Any:
+        """Run a blocking ``fn(*args)`` that reads (e.g. a /metrics scrape) on the read threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+    async def sql(self, sql: str, params: dict[str, Any], max_rows: int, arrow: bool = False) -> Any:
+        """User SQL: (columns, rows, truncated), or (Arrow IPC bytes, truncated) with ``arrow``."""
+        if self._sql_running >= self.query_max_concurrent:
+            raise TooManyQueries(
+                f"{self._sql_running} SQL queries are running (query_max_concurrent); retry later",
+                retry_after_s=self.retry_after_s,
+            )
+        self._sql_running += 1
+        try:
+            fn = reads.run_select_arrow if arrow else reads.run_select
+            return await self._run("sql", lambda con, timeout_s: fn(con, sql, timeout_s, max_rows, params), pool=self._sql_pool)
+        finally:
+            self._sql_running -= 1
+
+    # -- the API's reads -------------------------------------------------------------------------
+    async def instances(self, state: str | None) -> list[dict[str, Any]]:
+        """Instances, each with ``logs``: how many sources, which of them are incomplete, and whether the
+        instance's logs are complete (the log_streams and instance_logs views, migration 005)."""
+        rows = await self._run("instances", reads.list_instances, state)
+        completeness = await self._run("instances", reads.log_streams)
+        for row in rows:
+            own = completeness.get(row["instance_id"], {"complete": False, "streams": []})
+            summary = self.log_summary(row["instance_id"], own["streams"])
+            row["logs"] = {"sources": len(summary), "incomplete": sorted(s for s, e in summary.items() if not e["complete"]),
+                           "complete": own["complete"]}
+        return rows
+
+    async def instance(self, instance_id: str) -> dict[str, Any] | None:
+        detail = await self._run("instance", reads.instance_detail, instance_id)
+        if detail is None:
+            return None
+        own = (await self._run("instance", reads.log_streams, instance_id)).get(instance_id, {"complete": False, "streams": []})
+        runs = detail.pop("bench_runs")
+        detail["bench"] = runs[-1] if runs else None
+        detail["bench_runs"] = runs
+        detail["logs"] = self.log_summary(instance_id, own["streams"])
+        detail["logs_complete"] = own["complete"]
+        return detail
+
+    def log_summary(self, instance_id: str, streams: list[dict]) -> dict:
+        """Per source, the latest run's lines, last seq, gaps, declared last seq and dropped count; the
+        source is complete when every run of it is (the ``log_streams`` view decides, see migration 005)."""
+        gaps = {(s.source, s.run_id): [list(g) for g in s.gaps] for s in self.index.summaries(instance_id)}
+        latest: dict[str, dict] = {}
+        for s in streams:  # sorted by (source, run_id)
+            stored_last = -1 if s["last_seq"] is None else s["last_seq"]
+            declared = s["declared_last_seq"]
+            missing_tail = [[stored_last + 1, declared]] if declared is not None and stored_last < declared else []
+            complete = s["complete"] and latest.get(s["source"], {}).get("complete", True)
+            latest[s["source"]] = {"run_id": s["run_id"], "lines": s["lines"], "last_seq": s["last_seq"],
+                                   "gaps": gaps.get((s["source"], s["run_id"]), []) + missing_tail,
+                                   "declared_last_seq": declared, "dropped": s["dropped"], "complete": complete}
+        return latest
+
+    async def logs(self, instance_id: str, *, source: str | None, run_id: str | None, q: str | None, tail: int,
+                   after_seq: int | None, before_seq: int | None) -> list[tuple[str, str, int, int, str]]:
+        """Lines as (source, run_id, seq, ts_us, line), oldest first (see ``reads.read_logs``); a plain
+        tail of one source comes from the tail cache, which this fills on a miss."""
+        cache = self.tail
+        plain_tail = source is not None and run_id is None and q is None and after_seq is None and before_seq is None
+        if plain_tail and tail <= cache.capacity:
+            key = (instance_id, source)
+            cached = cache.tail(key, tail)
+            if cached is None and cache.begin_load(key):
+                try:
+                    loaded, complete = await self._run("logs", reads.load_tail, instance_id, source, cache.capacity)
+                except BaseException:
+                    cache.abort_load(key)
+                    raise
+                cache.finish_load(key, loaded, complete)
+                cached = cache.tail(key, tail, count=False)
+            if cached is not None:
+                return [(source, r, seq, ts, line) for r, seq, ts, line in cached]
+        return await self._run(
+            "logs", reads.read_logs, instance_id,
+            source=source, run_id=run_id, tail=tail, after_seq=after_seq, before_seq=before_seq, q=q,
+        )
+
+    async def hosts(self, hosts_sql: str, min_rate: float, now, machine_id: int | None = None) -> list[dict[str, Any]]:
+        return await self._run("hosts", reads.hosts, hosts_sql, min_rate, now, machine_id)
+
+    async def decisions(self, *, state: str | None, action: str | None, subject: str | None, limit: int) -> list[dict]:
+        return await self._run("decisions", reads.decisions, state=state, action=action, subject=subject, limit=limit)
