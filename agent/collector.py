@@ -1,8 +1,9 @@
 """Lines of each source → spool records, by size or by age.
 
 A record holds the lines of one source from one or more reads, the ``seq`` of each (taken from the
-run's counter only when the record is written), and the read positions of the files after its last
-line. The lines of one read are never split across records, so the positions a record carries
+run's counter only when the record is written), the read positions of the files after its last
+line, and the lines those reads know were lost (``lost``: a file truncated before it was read to
+its end), which count only once the record is written, like the positions that moved past them. The lines of one read are never split across records, so the positions a record carries
 always sit exactly after its last line; that is what makes a restart resume without a loss or a
 double.
 """
@@ -28,6 +29,7 @@ class _Pending:
     since: float = 0.0
     files: dict[str, list[dict]] = field(default_factory=dict)
     moved: bool = False  # file positions changed without lines
+    lost: tuple[int, int] = (0, 0)  # lines, bytes the reads know were lost
 
     @property
     def empty(self) -> bool:
@@ -52,9 +54,9 @@ class Collector:
         self._pending: dict[str, _Pending] = {}
         self.lines_in = 0
 
-    def add(self, source: str, lines: list[str], ts: float, files: dict[str, list[dict]] | None = None) -> None:
-        """Lines of one read, and the positions of the files after them."""
-        if not lines and not files:
+    def add(self, source: str, lines: list[str], ts: float, files: dict[str, list[dict]] | None = None, lost: tuple[int, int] = (0, 0)) -> None:
+        """Lines of one read, the positions of the files after them, and what the read knows was lost."""
+        if not lines and not files and not any(lost):
             return
         pending = self._pending.setdefault(source, _Pending())
         nbytes = sum(len(line) for line in lines) + LINE_OVERHEAD_BYTES * len(lines)
@@ -67,6 +69,9 @@ class Collector:
         pending.nbytes += nbytes
         if files:
             pending.files.update(files)
+            pending.moved = True
+        if any(lost):
+            pending.lost = (pending.lost[0] + lost[0], pending.lost[1] + lost[1])
             pending.moved = True
         self.lines_in += len(lines)
         if pending.nbytes >= self.batch_max_bytes:
@@ -100,10 +105,13 @@ class Collector:
                 }
             )
             meta = {"source": source, "run_id": run_id, "first_seq": first, "n": n, "files": pending.files}
+            if any(pending.lost):
+                meta["lost"] = list(pending.lost)
             records.append(Record("logs", meta, payload))
-            taken.append((source, n, pending.files))
+            taken.append((source, n, pending.files, pending.lost))
         self.append(records)
         # Only now, with the records in the spool (or counted as dropped), does the state move.
-        for source, n, files in taken:
+        for source, n, files, lost in taken:
             state.take_seqs(source, n)
             state.files.update(files)
+            state.count_lost(source, *lost)

@@ -26,9 +26,10 @@ from agent.config import AgentSettings, Invocation
 from agent.echo import Echo
 from agent.gpuexport import GpuTelemetry, default_endpoint, same_origin
 from agent.recorder import Recorder
-from agent.result import Evidence
+from agent.result import EXCERPT_MAX_CHARS, Evidence
 from agent.runner import Command, CommandResult
 from agent.state import StateDir, StateDirBusy
+from agent.timelimit import TimeLimit
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ def _start_run(rec: Recorder, inv: Invocation) -> dict:
         rate_regex=s.rate_regex,
         done_event=s.done_event,
         grace_s=s.grace_s,
+        max_duration_s=s.max_duration_s,
     )
     rec.save_state()
     logger.info("run %s started", run_id)
@@ -199,7 +201,18 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
         rec.parse_rate_of(source, run["rate_regex"])
     signals.command = command
     signals.grace_s = run.get("grace_s", 10.0)
-    await rec.pump(lambda: not command.running)
+
+    def timed_out() -> None:
+        run["timed_out"] = True
+        rec.save_state()
+        rec.wake()
+
+    limit = TimeLimit(command, run.get("max_duration_s"), signals.grace_s, fired=bool(run.get("timed_out")), on_fire=timed_out)
+    limit.start(time.time())
+    try:
+        await rec.pump(lambda: not command.running)
+    finally:
+        limit.cancel()
     signals.command_ended()
     result: CommandResult = command.poll()
     command.reap()
@@ -207,9 +220,16 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
     for echo in echoes:
         echo.close()
     await _stop_gpu(rec, telemetry)  # what the GPU did up to the end is stored before bench_done
-    exit_code = result.exit_code
+    exit_code = limit.exit_code(result.exit_code)
     if run.get("bench"):
-        done: dict[str, Any] = {"duration_s": round(command.duration_s, 3), "failure_excerpt": rec.evidence.excerpt()}
+        if limit.line:  # first, where the failure classifier and a reader look
+            excerpt = limit.line + "\n" + rec.evidence.excerpt(EXCERPT_MAX_CHARS - len(limit.line) - 1)
+        else:
+            excerpt = rec.evidence.excerpt()
+        done: dict[str, Any] = {"duration_s": round(command.duration_s, 3), "failure_excerpt": excerpt}
+        if limit.fired:
+            done["timeout"] = True
+            done["max_duration_s"] = limit.max_duration_s
         if exit_code is not None:
             done["exit_code"] = exit_code
         else:
@@ -234,6 +254,8 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
     rec.stop_tailing()
     shutil.rmtree(run_dir, ignore_errors=True)
     what = f"signal {result.signal}" if result.signal else f"exit code {exit_code}"
+    if limit.fired:
+        what += f", timed out after {limit.max_duration_s:g} s"
     logger.info("command ended (%s)", what)
     return 1 if exit_code is None else exit_code
 

@@ -155,9 +155,15 @@ class Recorder:
         snap = t.tailer.snapshot()
         files = {t.tailer.path: snap} if snap != t.last else None
         t.last = snap
-        if lines or files:
+        lost = t.tailer.take_losses()
+        if any(lost):
+            logger.warning(
+                "source %s: %s was truncated before it was read to its end; %d line(s) counted as dropped%s (logs_complete will say so)",
+                t.source, t.tailer.path, lost[0], f", at least {lost[1]} bytes" if lost[1] else "",
+            )
+        if lines or files or any(lost):
             assert self.collector is not None
-            self.collector.add(t.source, lines, ts, files)
+            self.collector.add(t.source, lines, ts, files, lost)
         if lines:
             if self.evidence is not None:
                 self.evidence.feed(t.label, lines)
@@ -239,11 +245,18 @@ class Recorder:
         return body
 
     def logs_complete(self, sources: list[str]) -> dict[str, Any]:
+        """``dropped``: lines of these sources that will never be stored (a full spool, a refusal, a
+        file truncated before it was read): present only when some were, and then the server
+        does not hold the logs complete."""
+        dropped = self.state.dropped_total(sources)
+        if dropped:
+            logger.warning("run %s: logs_complete declares lines that will never be stored: %s", self.state.run_id, ", ".join(f"{n} of {s}" for s, n in sorted(dropped.items())))
         return self.event(
             "logs_complete",
             run_id=self.state.run_id,
             sources={s: self.state.last_seq(s) for s in sources},
             dropped_lines={s: n for s, n in self.state.dropped.items() if n},
+            **({"dropped": dropped} if dropped else {}),
             **({"dropped_events": self.state.dropped_events} if self.state.dropped_events else {}),
         )
 

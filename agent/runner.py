@@ -154,14 +154,18 @@ class Command:
 
     def kill(self) -> None:
         """SIGKILL the command's whole process group (the grace period is over)."""
+        self.signal_group(signal.SIGKILL)
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to the command's whole process group (the reaper lives on to write the status)."""
         try:
             with open(self.status_path + ".pid") as f:
                 pid = int(f.read().strip())
-            os.killpg(pid, signal.SIGKILL)  # the reaper lives on to write the status
+            os.killpg(pid, signum)
         except ProcessLookupError:
             pass
         except (OSError, ValueError):  # the command never started: the reaper is all there is
-            self.send_signal(signal.SIGKILL)
+            self.send_signal(signum)
 
     def reap(self) -> None:
         """Collect our child's exit (no zombie, no ResourceWarning)."""

@@ -1,8 +1,9 @@
 """What the agent must remember across a restart, kept in its state directory.
 
 ``<dir>/state.json`` holds the current run (its ``run_id``, the command it wraps), the next ``seq``
-of every source of that run, the read position of every tailed file, the lines dropped per source,
-and two spool positions: ``acked`` (everything before it was acknowledged) and ``written_at`` (the
+of every source of that run, the read position of every tailed file, the lines dropped per source
+(by a full spool or a refusal: ``dropped``; by a file truncated before it was read to its end:
+``lost_lines``, at least one per such truncation, and ``lost_bytes`` when known), and two spool positions: ``acked`` (everything before it was acknowledged) and ``written_at`` (the
 spool's end when the file was written).
 
 Nothing is committed ahead of its lines. A seq or a file position changes in memory only when the
@@ -54,6 +55,8 @@ class RunState:
     seqs: dict[str, int] = field(default_factory=dict)  # next seq per source of the current run
     files: dict[str, list[dict]] = field(default_factory=dict)  # path -> tailer snapshot
     dropped: dict[str, int] = field(default_factory=dict)  # lines dropped per source, current run
+    lost_lines: dict[str, int] = field(default_factory=dict)  # lines that may have been lost before they were read, per source
+    lost_bytes: dict[str, int] = field(default_factory=dict)  # bytes known to be lost so (a lower bound), per source
     dropped_events: int = 0
     acked: Ptr = Ptr(1, 0)
     written_at: Ptr = Ptr(1, 0)
@@ -68,6 +71,8 @@ class RunState:
         self.run = {"run_id": new_run_id(), "mode": mode, "finished": False, **details}
         self.seqs = {}
         self.dropped = {}
+        self.lost_lines = {}
+        self.lost_bytes = {}
         self.dropped_events = 0
         return self.run_id
 
@@ -76,6 +81,18 @@ class RunState:
         first = self.seqs.get(source, 0)
         self.seqs[source] = first + n
         return first
+
+    def count_lost(self, source: str, lines: int, nbytes: int) -> None:
+        """Lines a tailer could not read (a copytruncate race); moves with the positions past them."""
+        if lines:
+            self.lost_lines[source] = self.lost_lines.get(source, 0) + lines
+        if nbytes:
+            self.lost_bytes[source] = self.lost_bytes.get(source, 0) + nbytes
+
+    def dropped_total(self, sources: list[str]) -> dict[str, int]:
+        """Lines of these sources that will never be stored, whatever the reason (``logs_complete``'s ``dropped``)."""
+        out = {s: self.dropped.get(s, 0) + self.lost_lines.get(s, 0) for s in sources}
+        return {s: n for s, n in out.items() if n}
 
     def last_seq(self, source: str) -> int:
         return self.seqs.get(source, 0) - 1
@@ -89,6 +106,8 @@ class RunState:
             end = meta["first_seq"] + meta["n"]
             if end > self.seqs.get(meta["source"], 0):
                 self.seqs[meta["source"]] = end
+            if meta.get("lost"):
+                self.count_lost(meta["source"], *meta["lost"])
         for path, positions in (meta.get("files") or {}).items():
             self.files[path] = positions
 
@@ -112,6 +131,8 @@ class RunState:
             "seqs": self.seqs,
             "files": self.files,
             "dropped": self.dropped,
+            "lost_lines": self.lost_lines,
+            "lost_bytes": self.lost_bytes,
             "dropped_events": self.dropped_events,
             "acked": list(self.acked),
             "written_at": list(self.written_at),
@@ -127,6 +148,8 @@ class RunState:
             seqs=dict(doc.get("seqs") or {}),
             files=dict(doc.get("files") or {}),
             dropped=dict(doc.get("dropped") or {}),
+            lost_lines=dict(doc.get("lost_lines") or {}),
+            lost_bytes=dict(doc.get("lost_bytes") or {}),
             dropped_events=int(doc.get("dropped_events") or 0),
             acked=Ptr(*doc.get("acked", (1, 0))),
             written_at=Ptr(*doc.get("written_at", (1, 0))),

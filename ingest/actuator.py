@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import shlex
+import string
 from typing import Any, Protocol
 
 import aiohttp
 import orjson
+
+from ingest.codec import check_id
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +62,12 @@ class WebhookActuator:
 
 class CommandActuator:
     """Runs ``template`` with ``{instance_id}``, ``{machine_id}``, ``{subject}``, ``{action}``, ``{id}``
-    substituted in each argument after splitting (no shell: a value cannot inject a command)."""
+    substituted in each argument after splitting (no shell: a value cannot inject a command).
+
+    Every substituted value must pass the id rule (``codec.check_id``: printable, bounded, not
+    starting with ``-``), so that no value can arrive as an option of the command (``--help``,
+    ``-rf``) or smuggle control characters; otherwise the call is refused and nothing runs.
+    """
 
     name = "command"
 
@@ -74,6 +82,11 @@ class CommandActuator:
             "id": decision["id"], "machine_id": evidence.get("machine_id", ""),
         }
         try:
+            used = {name for arg in self.argv for _text, name, _spec, _conv in string.Formatter().parse(arg) if name}
+            for name in sorted(used):
+                why = check_id(str(fields[name]))
+                if why is not None:
+                    raise ActuationError(f"refused to substitute {name}={str(fields[name])[:40]!r}: {why}")
             argv = [arg.format(**fields) for arg in self.argv]
         except (KeyError, IndexError, ValueError) as e:
             raise ActuationError(f"command template: {e}") from e

@@ -10,12 +10,13 @@ from prometheus_client import CollectorRegistry
 
 from ingest import otlpgrpc
 from ingest.auth import InstanceRateLimiter, TokenBook, build_auth_middleware
+from ingest.budget import MemoryBudget
 from ingest.config import Settings
 from ingest.core import Core
 from ingest.handlers import health, hosts, otlp, page, push, query, read
-from ingest.handlers.http import build_error_middleware
-from ingest.keys import CORE, DB, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
-from ingest.observe import IngestMetrics
+from ingest.handlers.http import build_body_middleware, build_error_middleware
+from ingest.keys import BUDGET, CORE, DB, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
+from ingest.observe import IngestMetrics, LiveStateCollector
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ async def _otlp_grpc(app: web.Application) -> None:
     if settings.otlp_grpc_port:
         server, app[OTLP_GRPC_PORT] = await otlpgrpc.start(
             settings.host, settings.otlp_grpc_port, app[WRITER], app[TOKENS], app[LIMITER],
-            settings.max_body_bytes, settings.max_line_bytes,
+            settings.max_body_bytes, settings.max_line_bytes, push.caps_of(settings), app[BUDGET],
         )
     yield
     if server is not None:
@@ -62,13 +63,23 @@ def create_app(settings: Settings) -> web.Application:
     registry = CollectorRegistry(auto_describe=True)
     ingest_metrics = IngestMetrics(registry)
     tokens = TokenBook(settings.enroll_token, settings.read_token, settings.admin_token)
+    budget = MemoryBudget(settings.memory_split()["requests"], settings.retry_after_s)
     app = web.Application(
         middlewares=[
-            build_error_middleware(lambda reason: ingest_metrics.rejected.labels(reason=reason).inc()),
+            build_error_middleware(lambda reason: ingest_metrics.rejected.labels(reason=reason).inc(),
+                                   ingest_metrics.client_disconnects.inc),
+            build_body_middleware(budget, settings.http_body_timeout_s),
             build_auth_middleware(tokens),
         ],
         client_max_size=settings.max_body_bytes,
     )
+    app[BUDGET] = budget
+    registry.register(LiveStateCollector({
+        "fleetlog_memory_budget_bytes": ("memory_budget_mb, in bytes", lambda: settings.memory_budget_mb * 2**20),
+        "fleetlog_memory_requests_bytes": ("Bytes held by requests in flight (bodies, parsed rows, the writer queue)",
+                                           lambda: budget.used),
+        "fleetlog_memory_refused_total": ("Requests refused with 503: the memory budget was spent", lambda: budget.refused),
+    }))
     app[SETTINGS] = settings
     app[TOKENS] = tokens
     app[LIMITER] = InstanceRateLimiter(settings.instance_max_rows_per_s)
@@ -95,6 +106,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", health.healthz)
     app.router.add_get("/readyz", health.readyz)
     app.router.add_get("/metrics", health.metrics)
+    app.router.add_post("/api/v1/instances/{instance_id}/token", push.post_instance_token)
     page.setup(app)
     app.on_shutdown.append(read.on_shutdown)
     return app

@@ -10,6 +10,7 @@ With no token configured everything is open, and the server only binds to loopba
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import math
@@ -54,6 +55,7 @@ class TokenBook:
         self._fleet = [(digest(t), kind) for t, kind in ((admin_token, "admin"), (read_token, "read"), (enroll_token, "enroll")) if t]
         self._instances: dict[str, str] = {}  # token digest -> instance_id
         self._lock = threading.Lock()
+        self.enrolling = asyncio.Lock()  # an enrollment's existence check and its write, as one step
 
     @property
     def enabled(self) -> bool:
@@ -90,6 +92,32 @@ class TokenBook:
         with self._lock:
             self._instances[token_sha] = instance_id
 
+    def replace(self, instance_id: str, token_sha: str) -> None:
+        """The instance's only token is now ``token_sha``: every earlier one stops working."""
+        with self._lock:
+            for known in [k for k, owner in self._instances.items() if owner == instance_id]:
+                del self._instances[known]
+            self._instances[token_sha] = instance_id
+
+    def has_token(self, instance_id: str) -> bool:
+        with self._lock:
+            return instance_id in self._instances.values()
+
+
+def write_instance_token(con, instance_id: str, token_sha: str, issued_us: int, *, revoke_old: bool) -> None:
+    """Store an instance token's digest (the one place that writes token rows; the writer's
+    transaction). ``revoke_old``: the instance's earlier tokens are deleted in the same transaction."""
+    if revoke_old:
+        con.execute("DELETE FROM instance_tokens WHERE instance_id = ?", [instance_id])
+    con.execute("INSERT INTO instance_tokens VALUES (?, ?, make_timestamp(?))", [instance_id, token_sha, issued_us])
+
+
+def known_instances(cursor, instance_ids: list[str]) -> set[str]:
+    """Which of ``instance_ids`` the database already holds (a reader's cursor)."""
+    rows = cursor.execute("SELECT instance_id FROM instances WHERE instance_id IN (SELECT unnest(?::VARCHAR[]))",
+                          [instance_ids]).fetchall()
+    return {instance_id for (instance_id,) in rows}
+
 
 def check_role(principal: Principal, role: str) -> None:
     if role == PUBLIC or principal.kind in ("open", "admin"):
@@ -120,7 +148,12 @@ class RateLimited(RequestError):
 
 
 class InstanceRateLimiter:
-    """A token bucket of rows per instance: ``rate_rows_per_s`` sustained, twice that in a burst."""
+    """A token bucket of rows per instance: ``rate_rows_per_s`` sustained, twice that in a burst.
+
+    Every row is charged. A body bigger than the burst is admitted only when the bucket is full and
+    then takes it negative by its excess, so the next push waits until the whole cost is earned
+    back: the sustained rate holds whatever the body size, and no body waits forever.
+    """
 
     def __init__(self, rate_rows_per_s: float) -> None:
         self.rate = rate_rows_per_s
@@ -133,14 +166,14 @@ class InstanceRateLimiter:
         now = time.monotonic()
         tokens, at = self._buckets.get(instance_id, (self.burst, now))
         tokens = min(self.burst, tokens + (now - at) * self.rate)
-        cost = min(rows, self.burst)  # a body bigger than the burst waits for a full bucket, never forever
-        if tokens < cost:
+        needed = min(rows, self.burst)  # what must be in the bucket; the full ``rows`` is taken
+        if tokens < needed:
             self._buckets[instance_id] = (tokens, now)
-            retry = max(1, math.ceil((cost - tokens) / self.rate))
+            retry = max(1, math.ceil((needed - tokens) / self.rate))
             raise RateLimited(
                 f"instance {instance_id!r} is over {self.rate:g} rows/s; retry later", headers={"Retry-After": str(retry)}
             )
-        self._buckets[instance_id] = (tokens - cost, now)
+        self._buckets[instance_id] = (tokens - rows, now)
 
 
 def build_auth_middleware(book: TokenBook):

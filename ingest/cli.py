@@ -17,7 +17,6 @@ import urllib.error
 import urllib.request
 
 import orjson
-from aiohttp import web
 
 from ingest import config
 from ingest.errors import ConfigError, StoreError
@@ -92,12 +91,36 @@ def serve(args: dict) -> int:
         if not settings.tokens_enabled:
             logger.warning("no token configured: the API is open to anyone who can reach %s (loopback only unless "
                            "allow_open_bind)", settings.host)
-        logger.info("fleetlog serving on http://%s:%d (database %s)", settings.host, settings.port, settings.db)
-        web.run_app(app, host=settings.host, port=settings.port, access_log=None, print=None, shutdown_timeout=10)
+        _serve_app(app, settings)
     except (StoreError, ConfigError) as e:
         logger.error("%s", e)
         return 1
     return 0
+
+
+def _serve_app(app, settings: config.Settings) -> None:
+    """The listener: a cap on open connections, header, body and idle timeouts, rate-limited logs."""
+    from ingest import listener
+    from ingest.keys import METRICS
+    from ingest.observe import LiveStateCollector
+
+    from ingest.budget import tune_allocator
+
+    tune_allocator()
+    metrics = app[METRICS]
+    try:
+        cap = listener.connection_cap(settings.http_max_connections)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    quiet = listener.QuietLogs(on_suppressed=metrics.log_suppressed.inc)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(quiet)
+    guard = listener.ConnectionGuard(cap, settings.http_header_timeout_s, metrics.connections_refused.inc,
+                                     metrics.header_timeouts.inc)
+    metrics.registry.register(LiveStateCollector({"fleetlog_http_connections": ("Open HTTP connections", lambda: guard.open)}))
+    listener.run(app, settings.host, settings.port, guard, idle_timeout_s=settings.http_idle_timeout_s,
+                 started=lambda site: logger.info("fleetlog serving on %s (database %s, at most %d connections)",
+                                                  site.name, settings.db, cap))
 
 
 def policy_run(args: dict) -> int:

@@ -3,6 +3,18 @@
 The shapes are DESIGN.md's API contract. Timestamps are epoch seconds (int or float) or ISO-8601
 strings (a missing zone means UTC); they are kept as integer microseconds since the epoch.
 A log line is ordered and deduplicated by ``seq`` (0, 1, 2, ... per (instance, source, run_id)).
+
+Stored range of a timestamp: what Python's datetime renders, 0001-01-01T00:00:00Z to
+9999-12-31T23:59:59.999999Z after the zone shift (epoch numbers: 0 to that end); anything else is a
+400 naming the field, so that every stored row can be read back.
+
+Ids (instance_id, source, run_id, metric names; the same rule for headers and OTLP attributes, see
+``check_id``): 1 to 128 printable characters (``str.isprintable``: no control, format such as the
+bidi override U+202E, separator other than space, or unassigned characters), not blank, not
+starting with ``-`` (a value substituted into an actuator command must never read as an option).
+
+Work is capped before it is done: ``Caps`` bounds the lines, streams and events of one request
+(413 naming the cap), counted before any line is looked at.
 """
 
 from __future__ import annotations
@@ -14,16 +26,36 @@ from typing import Any
 
 import orjson
 
-from ingest.errors import BadRequest
+from ingest.errors import BadRequest, PayloadTooLarge
 
 EVENT_KINDS = frozenset(
     {"registered", "params_done", "bench_started", "bench_done", "logs_complete", "running", "killed",
      "gpu_state"}
 )
-MAX_ID_CHARS = 256
-MAX_TS_US = 253402300799_000000  # 9999-12-31
+MAX_ID_CHARS = 128
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_NAIVE_EPOCH = dt.datetime(1970, 1, 1)
+_US = dt.timedelta(microseconds=1)
+MIN_TS_US = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc) - EPOCH) // _US  # 0001-01-01T00:00:00Z
+MAX_TS_US = 253402300799_999999  # 9999-12-31T23:59:59.999999Z
 MAX_SEQ = 2**63 - 1
-MAX_TS_S = MAX_TS_US / 1e6
+MAX_TS_S = 253402300799.999  # last epoch second accepted (1 ms short of the end: a float is ~32 µs coarse there)
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Most lines (or samples), streams and events one request may carry (413 beyond)."""
+
+    lines: int = 50_000
+    streams: int = 1_000
+    events: int = 1_000
+
+    def check(self, what: str, count: int, limit: int, setting: str) -> None:
+        if count > limit:
+            raise PayloadTooLarge(f"{what}: {count} in one request is over the cap of {limit} ({setting})")
+
+
+NO_CAPS = Caps(lines=2**62, streams=2**62, events=2**62)
 
 
 @dataclass
@@ -65,14 +97,15 @@ def now_us() -> int:
 
 
 def ts_to_iso(ts_us: int) -> str:
-    return dt.datetime.fromtimestamp(ts_us / 1e6, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """Exact to the microsecond over the whole stored range (no float on the way)."""
+    return (_NAIVE_EPOCH + dt.timedelta(microseconds=ts_us)).isoformat(timespec="microseconds") + "Z"
 
 
 def datetime_to_us(value: dt.datetime) -> int:
     """A naive datetime read back from DuckDB is UTC."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=dt.timezone.utc)
-    return int(value.timestamp() * 1_000_000)
+    return (value - EPOCH) // _US
 
 
 def decode_json(body: bytes) -> Any:
@@ -94,11 +127,26 @@ def _kind(value: Any) -> str:
     )
 
 
+def check_id(value: Any) -> str | None:
+    """Why ``value`` is not an acceptable id, or None when it is (the one rule; see the docstring)."""
+    if not isinstance(value, str):
+        return f"expected a non-empty string, got {_kind(value)}"
+    if not value.strip():
+        return "expected a non-empty string, got an empty string"
+    if len(value) > MAX_ID_CHARS:
+        return f"must be at most {MAX_ID_CHARS} characters, got {len(value)}"
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        return f"must be printable: no control or format characters (found U+{ord(bad):04X})"
+    if value[0] == "-":
+        return "must not start with '-'"
+    return None
+
+
 def parse_id(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise BadRequest(f"{where}: expected a non-empty string, got {_kind(value) if not isinstance(value, str) else 'an empty string'}")
-    if len(value) > MAX_ID_CHARS or any(c in value for c in "\x00\n\r"):
-        raise BadRequest(f"{where}: must be at most {MAX_ID_CHARS} characters without control characters")
+    why = check_id(value)
+    if why is not None:
+        raise BadRequest(f"{where}: {why}")
     return value
 
 
@@ -106,10 +154,9 @@ def parse_ts(value: Any, where: str, default_us: int) -> int:
     if value is None:
         return default_us
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        us = int(value * 1_000_000)
-        if value != value or not 0 <= us <= MAX_TS_US:  # NaN or out of range
-            raise BadRequest(f"{where}: epoch seconds out of range: {value!r}")
-        return us
+        if not 0 <= value <= MAX_TS_S:  # NaN, infinities and out of range all fail this
+            raise BadRequest(f"{where}: epoch seconds out of range (0 to {MAX_TS_S:.3f}): {value!r}"[:200])
+        return int(value * 1_000_000)
     if isinstance(value, str):
         try:
             parsed = dt.datetime.fromisoformat(value)
@@ -117,7 +164,11 @@ def parse_ts(value: Any, where: str, default_us: int) -> int:
             raise BadRequest(f"{where}: unparseable timestamp {value[:64]!r} (epoch seconds or ISO-8601)") from None
         if parsed.tzinfo is None:
             parsed = parsed.replace(tzinfo=dt.timezone.utc)
-        return int(parsed.timestamp() * 1_000_000)
+        us = (parsed - EPOCH) // _US
+        if not MIN_TS_US <= us <= MAX_TS_US:
+            raise BadRequest(f"{where}: {value[:64]!r} is outside the stored range 0001-01-01T00:00:00Z to "
+                             "9999-12-31T23:59:59.999999Z")
+        return us
     raise BadRequest(f"{where}: expected epoch seconds or an ISO-8601 string, got {_kind(value)}")
 
 
@@ -137,14 +188,22 @@ def truncate_line(line: str, max_bytes: int) -> tuple[str, bool]:
     return raw[:max_bytes].decode("utf-8", "ignore"), True
 
 
-def parse_logs(doc: Any, max_line_bytes: int, received_us: int) -> list[LogChunk]:
-    """``{"instance_id", "source", "run_id"?, "lines": [...]}`` or ``{"streams": [that, ...]}``."""
+def parse_logs(doc: Any, max_line_bytes: int, received_us: int, caps: Caps = Caps()) -> list[LogChunk]:
+    """``{"instance_id", "source", "run_id"?, "lines": [...]}`` or ``{"streams": [that, ...]}``.
+
+    The caps are checked (streams, then lines counted over every stream) before any line is parsed.
+    """
     doc = _object(doc, "body")
     if "streams" in doc:
         streams = doc["streams"]
         if not isinstance(streams, list) or not streams:
             raise BadRequest("streams: expected a non-empty array")
+        caps.check("streams", len(streams), caps.streams, "max_streams_per_request")
+        total = sum(len(s["lines"]) for s in streams if type(s) is dict and type(s.get("lines")) is list)
+        caps.check("lines", total, caps.lines, "max_lines_per_request")
         return [_parse_stream(s, f"streams[{i}]", max_line_bytes, received_us) for i, s in enumerate(streams)]
+    if type(doc.get("lines")) is list:
+        caps.check("lines", len(doc["lines"]), caps.lines, "max_lines_per_request")
     return [_parse_stream(doc, "", max_line_bytes, received_us)]
 
 
@@ -200,10 +259,15 @@ def _parse_stream(doc: Any, where: str, max_line_bytes: int, received_us: int) -
     return LogChunk(instance_id, source, run_id, seqs, ts_us, texts, truncated, ascending)
 
 
-def parse_plain_lines(body: bytes, instance_id: Any, source: Any, max_line_bytes: int, received_us: int) -> LogChunk:
-    """The old manager's ``/api/log-push``: text, one line per line; the server assigns seq."""
+def parse_plain_lines(body: bytes, instance_id: Any, source: Any, max_line_bytes: int, received_us: int,
+                      caps: Caps = Caps()) -> LogChunk:
+    """The old manager's ``/api/log-push``: text, one line per line; the server assigns seq.
+
+    The lines are counted (newlines, a C-speed scan) against the cap before any is decoded."""
     instance_id = parse_id(instance_id, "X-Instance-Id")
     source = parse_id(source, "X-Log-Source")
+    count = body.count(b"\n") + (1 if body and not body.endswith(b"\n") else 0)
+    caps.check("lines", count, caps.lines, "max_lines_per_request")
     text = body.decode("utf-8", "replace")
     lines = text.split("\n")
     if lines and lines[-1] == "":
@@ -216,10 +280,11 @@ def parse_plain_lines(body: bytes, instance_id: Any, source: Any, max_line_bytes
     return LogChunk(instance_id, source, "0", None, [received_us] * len(texts), texts, truncated, True)
 
 
-def parse_events(doc: Any, received_us: int) -> list[Event]:
+def parse_events(doc: Any, received_us: int, caps: Caps = Caps()) -> list[Event]:
     items = doc if isinstance(doc, list) else [doc]
     if not items:
         raise BadRequest("body: expected an event or a non-empty array of events")
+    caps.check("events", len(items), caps.events, "max_events_per_request")
     out = []
     for i, item in enumerate(items):
         where = f"[{i}]" if isinstance(doc, list) else ""
@@ -241,6 +306,7 @@ _NUMBER_FIELDS = {
     "bench_started": {"proofs": int, "concurrency": int, "partition_workers": int},
     "bench_done": {"exit_code": int, "rate_per_hour": float, "duration_s": float, "proofs_ok": int},
 }
+_COLUMN_LIMITS = {"machine_id": 2**63, "host_id": 2**63}  # BIGINT; the other integers are INTEGER
 _STRING_FIELDS = {"registered": ("gpu_model", "location"), "bench_done": ("failure_excerpt",)}
 
 
@@ -251,6 +317,9 @@ def _check_event_fields(item: dict, kind: str, prefix: str) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind_of is int and type(value) is not int):
             raise BadRequest(f"{prefix}{name}: expected {'an integer' if kind_of is int else 'a number'}, got {value!r}"[:200])
+        limit = _COLUMN_LIMITS.get(name, 2**31) if kind_of is int else 1e300  # what the column stores
+        if not -limit <= value < limit:
+            raise BadRequest(f"{prefix}{name}: out of range, got {value!r}"[:200])
     for name in _STRING_FIELDS.get(kind, ()):
         value = item.get(name)
         if value is not None and not isinstance(value, str):
@@ -268,13 +337,14 @@ def _check_event_fields(item: dict, kind: str, prefix: str) -> None:
             parse_id(item["run_id"], prefix + "run_id")
 
 
-def parse_metrics(doc: Any, received_us: int) -> MetricRows:
-    """``{"instance_id", "samples": [{"name", "ts", "value", "labels"}]}``."""
+def parse_metrics(doc: Any, received_us: int, caps: Caps = Caps()) -> MetricRows:
+    """``{"instance_id", "samples": [{"name", "ts", "value", "labels"}]}`` (samples count as lines)."""
     doc = _object(doc, "body")
     instance_id = parse_id(doc.get("instance_id"), "instance_id")
     samples = doc.get("samples")
     if not isinstance(samples, list) or not samples:
         raise BadRequest(f"samples: expected a non-empty array, got {_kind(samples)}")
+    caps.check("samples", len(samples), caps.lines, "max_lines_per_request")
     rows = MetricRows()
     for i, sample in enumerate(samples):
         at = f"samples[{i}]"

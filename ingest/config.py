@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ingest.budget import EXPANSION
 from ingest.errors import ConfigError
 
 ENV_PREFIX = "FLEETLOG_"
@@ -72,6 +73,19 @@ class Settings:
     duckdb_memory_limit_mb: int = _setting(
         256, "DuckDB's memory_limit; bigger queries spill to a temp directory next to the database, or fail with 400", minimum=16
     )
+    max_lines_per_request: int = _setting(50_000, "most log lines (or metric samples, OTLP records) in one request; 413 beyond", minimum=1)
+    max_streams_per_request: int = _setting(1_000, "most log streams in one request; 413 beyond", minimum=1)
+    max_events_per_request: int = _setting(1_000, "most lifecycle events in one request; 413 beyond", minimum=1)
+    memory_budget_mb: int = _setting(
+        512, "memory for bodies in flight, the writer queue, the tail cache and DuckDB together; 503 beyond", minimum=64
+    )
+    tail_cache_max_bytes: int = _setting(0, "bytes the tail cache may hold over all streams (0: one eighth of memory_budget_mb)", minimum=0)
+    http_header_timeout_s: float = _setting(10.0, "a connection that has not sent a whole request head this long after opening is closed", minimum=0.01)
+    http_body_timeout_s: float = _setting(60.0, "a request body not received within this long is refused with 408", minimum=0.01)
+    http_idle_timeout_s: float = _setting(60.0, "an idle keep-alive connection (or one trickling its next request head) is closed after this long", minimum=0.01)
+    http_max_connections: int = _setting(
+        0, "open HTTP connections at most; beyond it new ones are closed at once (0: the file-descriptor limit less 256)", minimum=0
+    )
     bench_timeout_s: float = _setting(
         3600.0, "a benchmark started this long ago with no bench_done is hung (class hung, destroy proposed)", minimum=1
     )
@@ -93,6 +107,20 @@ class Settings:
     def queries_path(self) -> Path:
         return Path(self.queries_dir) if self.queries_dir else DEFAULT_QUERIES_DIR
 
+    @property
+    def tail_cache_bytes(self) -> int:
+        return self.tail_cache_max_bytes or self.memory_budget_mb * 2**20 // 8
+
+    def memory_split(self) -> dict[str, int]:
+        """How ``memory_budget_mb`` is shared, in bytes: the tail cache, DuckDB's memory_limit, an
+        eighth kept for transients (the body being parsed, the writer's Arrow copy of a batch), and
+        what is left for requests in flight (bodies read, parsed, queued for the writer)."""
+        budget = self.memory_budget_mb * 2**20
+        duckdb_bytes = self.duckdb_memory_limit_mb * 2**20
+        headroom = budget // 8
+        return {"tail_cache": self.tail_cache_bytes, "duckdb": duckdb_bytes, "transients": headroom,
+                "requests": budget - self.tail_cache_bytes - duckdb_bytes - headroom}
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             minimum = f.metadata.get("minimum")
@@ -108,6 +136,15 @@ class Settings:
             raise ConfigError("actuator_webhook_url, actuator_command: set one actuator, not both")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+        split = self.memory_split()
+        if split["requests"] < EXPANSION * self.max_body_bytes:
+            raise ConfigError(
+                f"memory_budget_mb: {self.memory_budget_mb} MiB leaves {split['requests'] // 2**20} MiB for requests after the "
+                f"tail cache ({split['tail_cache'] // 2**20} MiB, tail_cache_max_bytes), DuckDB ({split['duckdb'] // 2**20} MiB, "
+                f"duckdb_memory_limit_mb) and transients ({split['transients'] // 2**20} MiB, an eighth); requests need at "
+                f"least {EXPANSION}x max_body_bytes "
+                f"({EXPANSION * self.max_body_bytes // 2**20} MiB)"
+            )
 
 
 def _cast(name: str, kind: type, raw: Any, origin: str) -> Any:

@@ -45,7 +45,7 @@ class Core:
         cursor = con.cursor()
         index.load(cursor)
         cursor.close()
-        tail = TailCache(settings.tail_cache_lines, settings.tail_cache_max_streams)
+        tail = TailCache(settings.tail_cache_lines, settings.tail_cache_max_streams, settings.tail_cache_bytes)
         writer = Writer(
             con, index, tail, metrics,
             batch_max_rows=settings.batch_max_rows,
@@ -87,6 +87,7 @@ class Core:
                     "fleetlog_ingest_queue_requests": ("Requests waiting for their commit", lambda: writer.pending_requests),
                     "fleetlog_ingest_streams": ("Log streams (instance, source, run_id) stored", index.stream_count),
                     "fleetlog_tailcache_streams": ("Streams held in the tail cache", tail.stream_count),
+                    "fleetlog_tailcache_bytes": ("Bytes held by the tail cache (tail_cache_max_bytes)", lambda: tail.nbytes),
                     "fleetlog_tailcache_hits_total": ("Tail reads answered from memory", lambda: tail.hits),
                     "fleetlog_tailcache_misses_total": ("Tail reads that went to the database", lambda: tail.misses),
                 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ingest.auth import InstanceRateLimiter, TokenBook
+from ingest.budget import MemoryBudget
 from ingest.config import Settings
 from ingest.core import Core
 from ingest.observe import IngestMetrics
@@ -23,3 +24,4 @@ METRICS = web.AppKey("metrics", IngestMetrics)
 TOKENS = web.AppKey("tokens", TokenBook)
 LIMITER = web.AppKey("limiter", InstanceRateLimiter)
 OTLP_GRPC_PORT = web.AppKey("otlp_grpc_port", int)  # the bound port (the setting may say 0: any)
+BUDGET = web.AppKey("budget", MemoryBudget)  # the memory that requests in flight may hold

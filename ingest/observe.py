@@ -62,6 +62,19 @@ class IngestMetrics:
         self.policy_seconds = Histogram(
             "fleetlog_policy_run_seconds", "Time of one policy run", registry=registry
         )
+        self.client_disconnects = Counter(
+            "fleetlog_http_client_disconnects", "Requests whose client went away before its body arrived", registry=registry
+        )
+        self.connections_refused = Counter(
+            "fleetlog_http_connections_refused", "Connections closed on arrival: over http_max_connections", registry=registry
+        )
+        self.header_timeouts = Counter(
+            "fleetlog_http_header_timeouts", "Connections closed for not sending a request head within http_header_timeout_s",
+            registry=registry,
+        )
+        self.log_suppressed = Counter(
+            "fleetlog_log_suppressed_records", "Repeated log records held back by the rate limit on logs", registry=registry
+        )
         self.query_seconds = Histogram(
             "fleetlog_query_seconds", "Time of read and SQL API queries", ["api"], registry=registry
         )

@@ -6,6 +6,10 @@ the seq (else the server numbers the lines); ``log.run_id`` the run (default "0"
 cannot be mapped is rejected alone and counted in ``partial_success``; the rest is written.
 Metrics: gauge and sum points become samples of their name; histogram points become
 ``<name>_count`` and ``<name>_sum``; a point's attributes become the sample's labels.
+
+The instance id, source and run_id follow the one id rule (``codec.check_id``): a present but
+unacceptable value is a 400 naming the attribute (not a partial success: the exporter must not
+retry it). Records are counted against the caps (``codec.Caps``) before any is converted.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingest.codec import MAX_ID_CHARS, MAX_SEQ, LogChunk, MetricRows, truncate_line
+from ingest.codec import MAX_SEQ, Caps, LogChunk, MetricRows, check_id, truncate_line
 from ingest.errors import BadRequest
 
 INSTANCE_ATTR = "service.instance.id"
@@ -85,31 +89,45 @@ def parse(body: bytes, content_type: str, message_type):
     return message
 
 
-def _instance(resource_attrs: dict[str, Any]) -> str | None:
-    value = resource_attrs.get(INSTANCE_ATTR)
-    if isinstance(value, str) and value.strip() and len(value) <= MAX_ID_CHARS:
-        return value
-    return None
+def _id(value: Any, where: str) -> str | None:
+    """None when absent or empty (the record cannot be mapped); a 400 naming ``where`` when the id
+    rule refuses it."""
+    if value is None or value == "":
+        return None
+    why = check_id(value)
+    if why is not None:
+        raise BadRequest(f"{where}: {why}")
+    return value
 
 
-def convert_logs(request: ExportLogsServiceRequest, max_line_bytes: int, received_us: int) -> Converted:
+def _instance(resource_attrs: dict[str, Any], where: str) -> str | None:
+    return _id(resource_attrs.get(INSTANCE_ATTR), f"{where}.resource.attributes[{INSTANCE_ATTR}]")
+
+
+def convert_logs(request: ExportLogsServiceRequest, max_line_bytes: int, received_us: int, caps: Caps = Caps()) -> Converted:
+    total = sum(len(s.log_records) for r in request.resource_logs for s in r.scope_logs)
+    caps.check("log records", total, caps.lines, "max_lines_per_request")
     out = Converted()
     streams: dict[tuple[str, str, str, bool], LogChunk] = {}
     seen: dict[tuple[str, str, str, bool], set[int]] = {}
-    for resource_logs in request.resource_logs:
+    for r, resource_logs in enumerate(request.resource_logs):
         resource = attributes(resource_logs.resource.attributes)
-        instance_id = _instance(resource)
+        instance_id = _instance(resource, f"resource_logs[{r}]")
         for scope_logs in resource_logs.scope_logs:
             for record in scope_logs.log_records:
                 if instance_id is None:
                     out.reject(f"resource attribute {INSTANCE_ATTR} missing or empty")
                     continue
                 attrs = attributes(record.attributes)
-                source = attrs.get(SOURCE_ATTR) or resource.get("service.name")
-                if not isinstance(source, str) or not source.strip() or len(source) > MAX_ID_CHARS:
+                where = f"resource_logs[{r}]"
+                if attrs.get(SOURCE_ATTR):
+                    source = _id(attrs[SOURCE_ATTR], f"{where}.log_records.attributes[{SOURCE_ATTR}]")
+                else:
+                    source = _id(resource.get("service.name"), f"{where}.resource.attributes[service.name]")
+                if source is None:
                     out.reject(f"no source: set the log attribute {SOURCE_ATTR} or the resource's service.name")
                     continue
-                run_id = str(attrs.get(RUN_ATTR) or "0")
+                run_id = _id(str(attrs.get(RUN_ATTR) or "0"), f"{where}.log_records.attributes[{RUN_ATTR}]")
                 seq = attrs.get(SEQ_ATTR)
                 if seq is not None and (type(seq) is not int or not 0 <= seq <= MAX_SEQ):
                     out.reject(f"{SEQ_ATTR}: expected an integer >= 0, got {seq!r}"[:120])
@@ -117,6 +135,7 @@ def convert_logs(request: ExportLogsServiceRequest, max_line_bytes: int, receive
                 key = (instance_id, source, run_id, seq is not None)
                 chunk = streams.get(key)
                 if chunk is None:
+                    caps.check("streams", len(streams) + 1, caps.streams, "max_streams_per_request")
                     chunk = streams[key] = LogChunk(instance_id, source, run_id, [] if seq is not None else None, [], [], [])
                 if seq is not None:
                     numbered = seen.setdefault(key, set())
@@ -136,7 +155,14 @@ def convert_logs(request: ExportLogsServiceRequest, max_line_bytes: int, receive
     return out
 
 
-def convert_metrics(request: ExportMetricsServiceRequest, received_us: int) -> Converted:
+def _points(metric) -> list:
+    kind = metric.WhichOneof("data")
+    return getattr(metric, kind).data_points if kind else []
+
+
+def convert_metrics(request: ExportMetricsServiceRequest, received_us: int, caps: Caps = Caps()) -> Converted:
+    total = sum(len(_points(m)) for r in request.resource_metrics for s in r.scope_metrics for m in s.metrics)
+    caps.check("metric data points", total, caps.lines, "max_lines_per_request")
     out = Converted()
     rows = out.metrics
 
@@ -147,8 +173,8 @@ def convert_metrics(request: ExportMetricsServiceRequest, received_us: int) -> C
         rows.value.append(float(value))
         rows.labels.append(orjson.dumps({k: str(v) for k, v in attributes(point.attributes).items()}).decode())
 
-    for resource_metrics in request.resource_metrics:
-        instance_id = _instance(attributes(resource_metrics.resource.attributes))
+    for r, resource_metrics in enumerate(request.resource_metrics):
+        instance_id = _instance(attributes(resource_metrics.resource.attributes), f"resource_metrics[{r}]")
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
                 kind = metric.WhichOneof("data")
@@ -157,9 +183,9 @@ def convert_metrics(request: ExportMetricsServiceRequest, received_us: int) -> C
                     for _ in points:
                         out.reject(f"resource attribute {INSTANCE_ATTR} missing or empty")
                     continue
-                if not metric.name or len(metric.name) > MAX_ID_CHARS:
+                if check_id(metric.name) is not None:
                     for _ in points:
-                        out.reject("metric name missing or too long")
+                        out.reject(f"metric name {metric.name[:40]!r}: {check_id(metric.name)}")
                     continue
                 for point in points:
                     if kind in ("gauge", "sum"):

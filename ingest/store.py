@@ -176,8 +176,8 @@ def write_batch(
             con.register("_metric_batch", table)
             con.execute("INSERT INTO metrics SELECT * FROM _metric_batch")
             con.unregister("_metric_batch")
-        for event in events:
-            fresh.append(_write_event(con, event, received_us))
+        if events:
+            fresh = _write_events(con, events, received_us)
         results = [action(con) for action in actions]
         con.execute("COMMIT")
     except Exception as e:  # a database error or a failing action: nothing of the group stays
@@ -203,57 +203,137 @@ def _upsert_instances(con: duckdb.DuckDBPyConnection, instances: dict[str, int],
     )
 
 
-def _write_event(con: duckdb.DuckDBPyConnection, event: Event, received_us: int) -> bool:
-    body = event.body
-    inserted = con.execute(
-        """
-        INSERT INTO events (instance_id, kind, ts, received_at, body)
-        VALUES (?, ?, make_timestamp(?), make_timestamp(?), ?)
-        ON CONFLICT DO NOTHING RETURNING 1
-        """,
-        [event.instance_id, event.kind, event.ts_us, received_us, orjson.dumps(body).decode()],
-    ).fetchall()
-    if not inserted:
-        return False
-    if event.kind == "registered":
-        labels = body.get("labels")
-        con.execute(
-            """
-            UPDATE instances SET machine_id = coalesce(?, machine_id), host_id = coalesce(?, host_id),
-                   gpu_model = coalesce(?, gpu_model), gpu_count = coalesce(?, gpu_count),
-                   dph = coalesce(?, dph), location = coalesce(?, location), labels = coalesce(?, labels)
-            WHERE instance_id = ?
-            """,
-            [
-                body.get("machine_id"), body.get("host_id"), body.get("gpu_model"), body.get("gpu_count"),
-                body.get("dph"), body.get("location"), orjson.dumps(labels).decode() if labels is not None else None,
-                event.instance_id,
-            ],
-        )
-    elif event.kind == "bench_started":
-        con.execute(
-            "INSERT INTO bench_runs (instance_id, started_at, proofs, concurrency, partition_workers) VALUES (?, make_timestamp(?), ?, ?, ?)",
-            [event.instance_id, event.ts_us, body.get("proofs"), body.get("concurrency"), body.get("partition_workers")],
-        )
-    elif event.kind == "bench_done":
-        done = [
-            event.ts_us, body.get("exit_code"), body.get("rate_per_hour"), body.get("duration_s"),
-            body.get("proofs_ok"), body.get("failure_excerpt"),
-        ]
-        open_run = con.execute(
-            "SELECT rowid FROM bench_runs WHERE instance_id = ? AND done_at IS NULL AND started_at <= make_timestamp(?) ORDER BY started_at DESC LIMIT 1",
-            [event.instance_id, event.ts_us],
-        ).fetchone()
-        if open_run:
-            con.execute(
-                """UPDATE bench_runs SET done_at = make_timestamp(?), exit_code = ?, rate_per_hour = ?, duration_s = ?,
-                   proofs_ok = ?, failure_excerpt = ? WHERE rowid = ?""",
-                [*done, open_run[0]],
-            )
+EVENT_SCHEMA = pa.schema(
+    [
+        ("instance_id", pa.string()),
+        ("kind", pa.string()),
+        ("ts", pa.timestamp("us")),
+        ("received_at", pa.timestamp("us")),
+        ("body", pa.string()),
+    ]
+)
+_REGISTERED_COLUMNS = (("machine_id", pa.int64()), ("host_id", pa.int64()), ("gpu_model", pa.string()),
+                       ("gpu_count", pa.int32()), ("dph", pa.float64()), ("location", pa.string()), ("labels", pa.string()))
+_RUN_SCHEMA = pa.schema(
+    [
+        ("instance_id", pa.string()), ("started_at", pa.timestamp("us")), ("proofs", pa.int32()),
+        ("concurrency", pa.int32()), ("partition_workers", pa.int32()), ("done_at", pa.timestamp("us")),
+        ("exit_code", pa.int32()), ("rate_per_hour", pa.float64()), ("duration_s", pa.float64()),
+        ("proofs_ok", pa.int32()), ("failure_excerpt", pa.string()),
+    ]
+)
+_DONE_FIELDS = ("exit_code", "rate_per_hour", "duration_s", "proofs_ok", "failure_excerpt")
+
+
+def _write_events(con: duckdb.DuckDBPyConnection, events: list[Event], received_us: int) -> list[bool]:
+    """Write a batch of events (unique by (instance_id, kind, ts) within the batch) in a fixed number of
+    statements, whatever their count; returns, per event, whether it was new.
+
+    The side effects are those of applying the new events one by one in batch order: a
+    ``registered`` event sets the instance's non-null fields; ``bench_started`` opens a run;
+    ``bench_done`` closes the newest open run of its instance started at or before it (one opened
+    earlier in the batch included), else stores a run of its own. The matching is done here, in
+    memory, over the open runs read in one query; the rows are then written in one statement each.
+    """
+    n = len(events)
+    table = pa.Table.from_arrays(
+        [
+            pa.array([e.instance_id for e in events], pa.string()),
+            pa.array([e.kind for e in events], pa.string()),
+            pa.array([e.ts_us for e in events], pa.timestamp("us")),
+            pa.repeat(pa.scalar(received_us, pa.timestamp("us")), n),
+            pa.array([orjson.dumps(e.body).decode() for e in events], pa.string()),
+        ],
+        schema=EVENT_SCHEMA,
+    )
+    con.register("_event_batch", table)
+    try:
+        inserted = con.execute(
+            "INSERT INTO events SELECT * FROM _event_batch ON CONFLICT DO NOTHING RETURNING instance_id, kind, epoch_us(ts)"
+        ).fetchall()
+    finally:
+        con.unregister("_event_batch")
+    new_keys = set(inserted)
+    fresh = [(e.instance_id, e.kind, e.ts_us) in new_keys for e in events]
+    new_events = [e for e, is_new in zip(events, fresh) if is_new]
+    _apply_registered(con, [e for e in new_events if e.kind == "registered"])
+    _apply_bench(con, [e for e in new_events if e.kind in ("bench_started", "bench_done")])
+    return fresh
+
+
+def _apply_registered(con: duckdb.DuckDBPyConnection, events: list[Event]) -> None:
+    """Per instance, each field takes the last non-null value its new ``registered`` events carry."""
+    if not events:
+        return
+    merged: dict[str, dict[str, Any]] = {}
+    for event in events:
+        fields = merged.setdefault(event.instance_id, {})
+        for name, _type in _REGISTERED_COLUMNS:
+            value = event.body.get(name)
+            if value is not None:
+                fields[name] = orjson.dumps(value).decode() if name == "labels" else value
+    ids = list(merged)
+    arrays = [pa.array(ids, pa.string())] + [
+        pa.array([merged[i].get(name) for i in ids], kind) for name, kind in _REGISTERED_COLUMNS
+    ]
+    names = ["instance_id"] + [name for name, _ in _REGISTERED_COLUMNS]
+    con.register("_registered", pa.Table.from_arrays(arrays, names=names))
+    try:
+        sets = ", ".join(f"{name} = coalesce(r.{name}, instances.{name})" for name, _ in _REGISTERED_COLUMNS)
+        con.execute(f"UPDATE instances SET {sets} FROM _registered r WHERE instances.instance_id = r.instance_id")
+    finally:
+        con.unregister("_registered")
+
+
+def _apply_bench(con: duckdb.DuckDBPyConnection, events: list[Event]) -> None:
+    if not events:
+        return
+    ids = sorted({e.instance_id for e in events if e.kind == "bench_done"})
+    # open runs: instance -> [(started_us, rowid or None, new run dict or None)], in insertion order
+    open_runs: dict[str, list[list]] = {}
+    if ids:
+        for rowid, instance_id, started_us in con.execute(
+            """SELECT rowid, instance_id, epoch_us(started_at) FROM bench_runs
+               WHERE done_at IS NULL AND started_at IS NOT NULL AND instance_id IN (SELECT unnest(?::VARCHAR[]))
+               ORDER BY rowid""",
+            [ids],
+        ).fetchall():
+            open_runs.setdefault(instance_id, []).append([started_us, rowid, None])
+    new_runs: list[dict[str, Any]] = []
+    closed: list[tuple[int, dict[str, Any]]] = []  # (rowid, done fields) of stored runs
+    for event in events:
+        body = event.body
+        if event.kind == "bench_started":
+            run = {"instance_id": event.instance_id, "started_at": event.ts_us, "proofs": body.get("proofs"),
+                   "concurrency": body.get("concurrency"), "partition_workers": body.get("partition_workers")}
+            new_runs.append(run)
+            open_runs.setdefault(event.instance_id, []).append([event.ts_us, None, run])
+            continue
+        done = {"done_at": event.ts_us, **{name: body.get(name) for name in _DONE_FIELDS}}
+        candidates = [r for r in open_runs.get(event.instance_id, ()) if r[0] <= event.ts_us]
+        if not candidates:
+            new_runs.append({"instance_id": event.instance_id, **done})
+            continue
+        best = max(candidates, key=lambda r: r[0])  # the newest; among equals the last inserted
+        best = [r for r in candidates if r[0] == best[0]][-1]
+        open_runs[event.instance_id].remove(best)
+        if best[2] is not None:
+            best[2].update(done)
         else:
-            con.execute(
-                """INSERT INTO bench_runs (instance_id, done_at, exit_code, rate_per_hour, duration_s, proofs_ok, failure_excerpt)
-                   VALUES (?, make_timestamp(?), ?, ?, ?, ?, ?)""",
-                [event.instance_id, *done],
-            )
-    return True
+            closed.append((best[1], done))
+    if new_runs:
+        con.register("_new_runs", pa.Table.from_pylist(
+            [{f.name: run.get(f.name) for f in _RUN_SCHEMA} for run in new_runs], schema=_RUN_SCHEMA))
+        try:
+            columns = ", ".join(f.name for f in _RUN_SCHEMA)
+            con.execute(f"INSERT INTO bench_runs ({columns}) SELECT {columns} FROM _new_runs")
+        finally:
+            con.unregister("_new_runs")
+    if closed:
+        schema = pa.schema([("row", pa.int64())] + [f for f in _RUN_SCHEMA if f.name == "done_at" or f.name in _DONE_FIELDS])
+        con.register("_closed", pa.Table.from_pylist([{"row": rowid, **done} for rowid, done in closed], schema=schema))
+        try:
+            sets = ", ".join(f"{name} = c.{name}" for name in ("done_at", *_DONE_FIELDS))
+            con.execute(f"UPDATE bench_runs SET {sets} FROM _closed c WHERE bench_runs.rowid = c.row")
+        finally:
+            con.unregister("_closed")

@@ -1,20 +1,50 @@
-"""What every handler shares: bounded body reading, JSON responses, the one error shape."""
+"""What every handler shares: bounded body reading, JSON responses, the one error shape.
+
+A body is read under the request's ``BodyRules``: its share of the memory budget is taken before
+each chunk is read (503 + Retry-After when spent), the whole body must arrive within
+``http_body_timeout_s`` (408), and a client that goes away mid-body is counted
+(``fleetlog_http_client_disconnects_total``), not logged as an error.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from ingest.budget import Charge, MemoryBudget
 from ingest.errors import BadRequest, PayloadTooLarge, RequestError
 
 logger = logging.getLogger(__name__)
 
 READ_CHUNK_BYTES = 256 * 1024
+
+
+class ClientGone(RequestError):
+    """The client closed the connection before its body arrived (nobody reads the answer)."""
+
+    status = 499
+    reason = "client_disconnected"
+
+
+class BodyTimeout(RequestError):
+    status = 408
+    reason = "body_timeout"
+
+
+@dataclass
+class BodyRules:
+    charge: Charge | None
+    timeout_s: float | None
+
+
+BODY = web.RequestKey("body_rules", BodyRules)
 
 
 def dumps(value: Any) -> bytes:
@@ -38,27 +68,59 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(f"body: {declared} bytes is over the limit of {max_bytes}")
+    rules = request.get(BODY) or BodyRules(None, None)
+    charge = rules.charge
+    if charge is not None and declared:
+        charge.cover(declared)
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in request.content.iter_chunked(READ_CHUNK_BYTES):
-            size += len(chunk)
-            if size > max_bytes:
-                raise PayloadTooLarge(f"body: over the limit of {max_bytes} bytes (after decompression)")
-            chunks.append(chunk)
+        async with asyncio.timeout(rules.timeout_s):
+            while True:
+                chunk = await request.content.read(READ_CHUNK_BYTES)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > max_bytes:
+                    raise PayloadTooLarge(f"body: over the limit of {max_bytes} bytes (after decompression)")
+                if charge is not None:
+                    charge.cover(size)  # the chunk read is paid for before the next is read
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTimeout(f"body: not received within {rules.timeout_s:g} s (http_body_timeout_s)") from None
     except (HttpProcessingError, RequestPayloadError) as e:  # a broken gzip stream, among others
         cause = e.__cause__ or e
         raise BadRequest(f"body: cannot be read: {cause}".strip()) from e
+    except ConnectionError as e:  # the client went away mid-body
+        raise ClientGone(f"body: the client disconnected after {size} bytes") from e
     return b"".join(chunks)
 
 
-def build_error_middleware(count_rejection):
+def build_body_middleware(budget: MemoryBudget, body_timeout_s: float):
+    """Give every request its BodyRules, and hand its share of the budget back when it is answered."""
+
+    @web.middleware
+    async def body_middleware(request: web.Request, handler):
+        charge = Charge(budget)
+        request[BODY] = BodyRules(charge, body_timeout_s)
+        try:
+            return await handler(request)
+        finally:
+            charge.close()
+
+    return body_middleware
+
+
+def build_error_middleware(count_rejection, count_disconnect: Callable[[], None] = lambda: None):
     """Turn RequestError (and aiohttp's own HTTP errors) into the JSON error shape."""
 
     @web.middleware
     async def error_middleware(request: web.Request, handler):
         try:
             return await handler(request)
+        except ClientGone:
+            count_disconnect()
+            return web.Response(status=499)  # nobody reads it; aiohttp drops it with the connection
         except RequestError as e:
             count_rejection(e.reason)
             return json_response(error_body(e.status, e.message), e.status, e.headers)

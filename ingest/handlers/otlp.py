@@ -9,7 +9,7 @@ from ingest.codec import now_us
 from ingest.errors import BadRequest
 from ingest.auth import PUSH, requires
 from ingest.handlers.http import read_body
-from ingest.handlers.push import admit
+from ingest.handlers.push import admit, caps_of
 from ingest.keys import SETTINGS, WRITER
 
 
@@ -24,7 +24,7 @@ async def post_logs(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     content_type = _content_type(request)
     message = otlp.parse(await read_body(request, settings.max_body_bytes), content_type, otlp.ExportLogsServiceRequest)
-    converted = otlp.convert_logs(message, settings.max_line_bytes, now_us())
+    converted = otlp.convert_logs(message, settings.max_line_bytes, now_us(), caps_of(settings))
     admit(request, converted.rows_by_instance())
     if converted.logs:
         await request.app[WRITER].submit(logs=converted.logs, kind="otlp_logs")
@@ -36,7 +36,7 @@ async def post_metrics(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     content_type = _content_type(request)
     message = otlp.parse(await read_body(request, settings.max_body_bytes), content_type, otlp.ExportMetricsServiceRequest)
-    converted = otlp.convert_metrics(message, now_us())
+    converted = otlp.convert_metrics(message, now_us(), caps_of(settings))
     admit(request, converted.rows_by_instance())
     if len(converted.metrics):
         await request.app[WRITER].submit(metrics=converted.metrics, kind="otlp_metrics")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from agent.collector import Collector
 from agent.spool import Record, Spool
-from agent.state import StateDir, recover
+from agent.state import RunState, StateDir, recover
 from agent.tailer import FileTailer
 
 
@@ -179,3 +179,27 @@ def test_recover_replays_records_spooled_after_the_last_save(tmp_path):
     assert again.seqs == {"benchdaemon": 3}
     assert again.files["/tmp/d.log"][0]["offset"] == 6
     assert again.run_id == state.run_id
+
+
+def test_a_lost_count_spooled_after_the_last_save_survives_a_crash(tmp_path):
+    directory = StateDir(str(tmp_path / "state"))
+    spool = Spool(directory.spool_dir, max_bytes=1 << 20)
+    state = recover(None, "C.1", spool)
+    state.start_run("tail")
+    directory.save(state.to_json())
+    collector = Collector(state, spool.append, batch_max_bytes=1 << 20, batch_max_delay_s=0)
+    moved = {"/tmp/curio.log": [{"dev": 1, "ino": 2, "offset": 0, "head_len": 0, "head_crc": 0}]}
+    collector.add("curio", ["after the truncation"], 1.0, moved, lost=(1, 40))
+    collector.flush(force=True)
+    assert (state.lost_lines, state.lost_bytes) == ({"curio": 1}, {"curio": 40})
+    spool.close()  # killed before state.json was saved again
+    reopened = Spool(directory.spool_dir, max_bytes=1 << 20)
+    again = recover(directory.load(), "C.1", reopened)
+    reopened.close()
+    assert (again.lost_lines, again.lost_bytes) == ({"curio": 1}, {"curio": 40})
+    assert again.dropped_total(["curio", "cuzk"]) == {"curio": 1}
+    assert _roundtrip(again).lost_lines == {"curio": 1}
+
+
+def _roundtrip(state: RunState) -> RunState:
+    return RunState.from_json(orjson.loads(orjson.dumps(state.to_json())))
