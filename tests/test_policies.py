@@ -64,7 +64,7 @@ async def test_incident_replay_destroys_only_after_logs_complete(aiohttp_client,
     assert destroys[0]["state"] == "proposed" and destroys[0]["id"] in report.new_decisions
     assert evidence["failure_class"] == "oom" and evidence["waited_for"] == "logs_complete"
     assert "CUDA error: out of memory" in evidence["failure_excerpt"] and evidence["machine_id"] == 55891
-    assert evidence["logs"]["benchdaemon"] == {"declared_last_seq": 4, "stored_lines": 5, "stored_last_seq": 4}
+    assert evidence["logs"]["benchdaemon"] == {"declared_last_seq": 4, "stored_lines": 5, "stored_last_seq": 4, "dropped": 0}
 
     good = await get(client, "/api/v1/hosts/777")
     assert (good["best_rate"], good["runs"], good["bad"], good["eligible"]) == (40.0, 2, False, True)
