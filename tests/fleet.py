@@ -132,3 +132,26 @@ async def demo_fleet(client, done: dt.datetime) -> None:
     await hung_instance(client, "C.hung", 781, started=done - dt.timedelta(hours=3))
     await push_lines(client, "C.hung", "benchout", ["[benchmark] warm-up proof (waits for PCE extraction)"],
                      at=done - dt.timedelta(hours=3))
+
+
+# -- helpers of the policy tests (a running app from aiohttp_client) ------------------------------
+async def run_policies(client, execute: bool = False, now: dt.datetime | None = None):
+    from ingest.keys import CORE
+
+    return await client.app[CORE].policy.run_cycle(execute, now=now)
+
+
+def rows(client, sql, params=()):
+    from ingest.keys import DB
+
+    cur = client.app[DB].cursor()
+    try:
+        return cur.execute(sql, list(params)).fetchall()
+    finally:
+        cur.close()
+
+
+async def get(client, path):
+    r = await client.get(path)
+    assert r.status == 200, await r.text()
+    return await r.json()

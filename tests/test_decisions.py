@@ -13,34 +13,16 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.app import create_app
-from ingest.keys import CORE, DB
+from ingest.keys import CORE
 from ingest.queryfiles import compose
 from tests.conftest import REPO
-from tests.fleet import (bench_instance, complete_logs, demo_fleet, hung_instance, incident, iso, log_push,
-                         params_failure, post, push_lines, utcnow)
+from tests.fleet import (bench_instance, complete_logs, demo_fleet, get, hung_instance, incident, iso, log_push,
+                         params_failure, post, push_lines, rows, run_policies, utcnow)
 
 
 @pytest.fixture
 def policy_settings(settings):
     return replace(settings, policy_interval_s=0)  # tests run cycles themselves
-
-
-async def run_policies(client, execute: bool = False, now: dt.datetime | None = None):
-    return await client.app[CORE].policy.run_cycle(execute, now=now)
-
-
-def rows(client, sql, params=()):
-    cur = client.app[DB].cursor()
-    try:
-        return cur.execute(sql, list(params)).fetchall()
-    finally:
-        cur.close()
-
-
-async def get(client, path):
-    r = await client.get(path)
-    assert r.status == 200, await r.text()
-    return await r.json()
 
 
 async def incomplete_log_instances(client) -> list[list]:
