@@ -98,6 +98,14 @@ class Settings:
     http_max_connections: int = _setting(
         0, "open HTTP connections at most; beyond it new ones are closed at once (0: the file-descriptor limit less 256)", minimum=0
     )
+    bench_timeout_s: float = _setting(
+        3600.0, "a benchmark started this long ago with no bench_done is hung (class hung, destroy proposed)", minimum=1
+    )
+    exclude_repeat_failures: int = _setting(
+        2, "failures of a class not blamed at once (network, param_fetch, timeout, hung, unknown) on one machine "
+        "within bad_host_ttl_s before it is excluded", minimum=1
+    )
+    notify_webhook_url: str = _setting("", "URL a decision is POSTed to as JSON when proposed, superseded, executed or failed")
     lake: str = _setting("", "lake mode: 'postgres:<libpq string>' of the DuckLake catalog and keyed tables (empty: the single file db)")
     lake_data: str = _setting("./var/lake", "lake mode: directory holding the lake's Parquet files, shared by every node")
     node_id: str = _setting("", "lake mode: this node's name, unique among the nodes of a lake (empty: host:port)")
