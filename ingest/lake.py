@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
 from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -58,7 +58,8 @@ LAKE = "lake"  # catalog names inside the DuckDB connection
 PG = "pg"
 SEARCH_PATH = f"{LAKE}.main,{PG}.public,memory.main"
 LAKE_TABLES = ("logs", "metrics")
-PG_TABLES = ("instances", "events", "bench_runs", "decisions", "host_verdicts", "instance_tokens", "schema_migrations")
+PG_TABLES = ("instances", "events", "bench_runs", "decisions", "host_verdicts", "instance_tokens", "schema_migrations",
+             "policy_settings")
 
 LAKE_DDL = """
 CREATE TABLE IF NOT EXISTS lake.logs (
@@ -81,7 +82,12 @@ CREATE TABLE IF NOT EXISTS lake.metrics (
 );
 """
 
-# Native PostgreSQL DDL of the keyed tables (migrations 001-003 folded, JSON kept as text: DuckDB sees both as VARCHAR and casts one way only; bench_runs carries its own
+# The migrations (ingest/migrations/) whose tables PG_DDL and LAKE_DDL hold; their views are created
+# from the files themselves. A new migration must be folded in here too (open_lake refuses to start
+# otherwise, so the two modes cannot drift apart silently).
+LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9})
+
+# Native PostgreSQL DDL of the keyed tables (migrations 001-005 folded, JSON kept as text: DuckDB sees both as VARCHAR and casts one way only; bench_runs carries its own
 # ``rowid`` column, which DuckDB's postgres scanner does not provide, so the writer's run matching
 # is the same SQL in both modes).
 PG_DDL = """
@@ -116,16 +122,28 @@ CREATE TABLE IF NOT EXISTS host_verdicts (
     machine_id bigint NOT NULL, verdict text NOT NULL, reason text NOT NULL, verdict_at timestamp NOT NULL,
     expires_at timestamp);
 CREATE TABLE IF NOT EXISTS instance_tokens (instance_id text NOT NULL, token_sha256 text NOT NULL, issued_at timestamp NOT NULL);
-INSERT INTO schema_migrations (version, name) VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (9, 'logs_line_zstd')
+CREATE TABLE IF NOT EXISTS policy_settings (name text PRIMARY KEY, value double precision NOT NULL, set_at timestamp NOT NULL);
+ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS class_final boolean;
+ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS classified_at timestamp;
+INSERT INTO schema_migrations (version, name)
+    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd')
     ON CONFLICT DO NOTHING;
 """
 
 
-def _instance_state_view() -> str:
-    """The view of migration 001, re-created in memory.main at every start (it reads pg's events)."""
-    sql = resources.files("ingest").joinpath("migrations", "001_initial.sql").read_text()
-    start = sql.index("CREATE VIEW instance_state")
-    return sql[start:].replace("CREATE VIEW instance_state", "CREATE OR REPLACE VIEW memory.main.instance_state", 1)
+def _migration_views() -> list[str]:
+    """Every CREATE VIEW of the migrations, in order, as CREATE OR REPLACE VIEW memory.main.<name>
+    (re-created at every start; they read the per-table views, so the same SQL serves both modes)."""
+    out = []
+    for version, name, sql in store.migrations():
+        if version not in LAKE_MIGRATIONS:
+            raise StoreError(f"lake: migration {version:03d}_{name} has no lake counterpart in ingest/lake.py")
+        for statement in duckdb.extract_statements(sql):
+            text = re.sub(r"^(\s*--[^\n]*\n|\s+)*", "", statement.query)  # the comments before it
+            match = re.match(r"CREATE\s+VIEW\s+(\w+)\s+AS\b", text, re.IGNORECASE)
+            if match:
+                out.append(f"CREATE OR REPLACE VIEW memory.main.{match.group(1)} AS" + text[match.end():])
+    return out
 
 
 def _extension_files() -> dict[str, Path]:
@@ -221,7 +239,8 @@ def _create_schema(con: duckdb.DuckDBPyConnection, attempts: int = 20) -> None:
         con.execute(f"CREATE OR REPLACE VIEW memory.main.{name} AS SELECT * FROM {LAKE}.main.{name}")
     for name in PG_TABLES:
         con.execute(f"CREATE OR REPLACE VIEW memory.main.{name} AS SELECT * FROM {PG}.public.{name}")
-    con.execute(_instance_state_view())
+    for view in _migration_views():
+        con.execute(view)
 
 
 Fence = Callable[[duckdb.DuckDBPyConnection, set[str]], None]
