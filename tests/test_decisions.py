@@ -156,7 +156,7 @@ async def test_late_oom_line_reclassifies_the_run_and_what_depends_on_it(aiohttp
     await run_policies(client)
     assert rows(client, "SELECT failure_class, failure_line, class_final FROM bench_runs WHERE instance_id = 'C.32733029'") == [
         ("unknown", None, False)]
-    [(reason,)] = rows(client, "SELECT reason FROM decisions WHERE action = 'exclude_host' AND evidence->>'instance_id' = 'C.32733029'")
+    [(reason,)] = rows(client, "SELECT reason FROM decisions WHERE action = 'exclude_host' AND (evidence->>'instance_id') = 'C.32733029'")
     assert "unknown" in reason and "0.0 proofs/hour" not in reason and "no rate measured" in reason
 
     oom = "ERROR cuzk_daemon::pce: CUDA error: out of memory (cudaErrorMemoryAllocation) allocating 3.2 GiB for NTT"
@@ -171,7 +171,7 @@ async def test_late_oom_line_reclassifies_the_run_and_what_depends_on_it(aiohttp
     assert rows(client, "SELECT failure_class, failure_line, class_final FROM bench_runs WHERE instance_id = 'C.32733029'") == [
         ("oom", oom, True)]
     [(reason, evidence)] = rows(client, "SELECT reason, evidence FROM decisions WHERE action = 'exclude_host' "
-                                        "AND evidence->>'instance_id' = 'C.32733029'")
+                                        "AND (evidence->>'instance_id') = 'C.32733029'")
     assert reason.startswith("benchmark failed on instance C.32733029: oom") and orjson.loads(evidence)["failure_line"] == oom
     destroy = (await get(client, "/api/v1/decisions?action=destroy&subject=C.32733029"))["decisions"]
     assert [d["evidence"]["failure_class"] for d in destroy] == ["oom"] and "oom" in destroy[0]["reason"]
