@@ -147,13 +147,32 @@ def read_logs(
     return rows if forward else rows[::-1]
 
 
-def load_tail(con, timeout_s: float, instance_id: str, source: str, n: int) -> tuple[list[TailRow], bool]:
-    """The newest ``n`` lines of (instance, source) for the tail cache, and whether that is all of them."""
-    rows = read_logs(
-        con, timeout_s, instance_id, source=source, run_id=None, tail=n + 1, after_seq=None, before_seq=None, q=None
-    )
-    complete = len(rows) <= n
-    return [(r, seq, ts, line) for _s, r, seq, ts, line in rows[-n:] if n], complete
+TAIL_LOAD_SQL = """
+SELECT run_id, seq, ts, line FROM logs
+WHERE instance_id = ? AND source = ? AND run_id = ? AND seq >= ?
+ORDER BY seq DESC LIMIT ?
+"""
+
+
+def load_tail(con, timeout_s: float, instance_id: str, source: str, n: int,
+              floor: tuple[str, int] | None = None) -> tuple[list[TailRow], bool]:
+    """The newest ``n`` lines of (instance, source) for the tail cache, and whether that is all of them.
+
+    ``floor``: (run_id, seq) such that the newest ``n + 1`` stored lines are that run's lines from
+    that seq on (``StreamIndex.tail_floor``); the query then reads only the row groups that can hold
+    them (zone maps on seq) instead of every row group of the instance. Lines committed after the
+    floor was taken have higher seqs, or reach the cache through its pending list."""
+    if floor is None:
+        rows = read_logs(
+            con, timeout_s, instance_id, source=source, run_id=None, tail=n + 1, after_seq=None, before_seq=None, q=None
+        )
+        tail = [(r, seq, ts, line) for _s, r, seq, ts, line in rows]
+    else:
+        with deadline_cursor(con, timeout_s) as cur:
+            cur.execute(TAIL_LOAD_SQL, [instance_id, source, floor[0], floor[1], n + 1])
+            tail = [(r, seq, datetime_to_us(ts), line) for r, seq, ts, line in cur.fetchall()][::-1]
+    complete = len(tail) <= n
+    return (tail[-n:] if n else []), complete
 
 
 def logs_complete_marks(con, timeout_s: float, instance_id: str | None = None) -> dict[str, dict[tuple[str, str], int]]:
