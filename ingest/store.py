@@ -105,22 +105,49 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     return done
 
 
+# --- the log rows of a group commit (the writer's staging) -------------------------------------------
+LOG_CHUNK_SCHEMA = pa.schema([f for f in LOG_SCHEMA if f.name != "received_at"])  # received_at is the commit's
+INSERT_LOGS_SQL = """INSERT INTO logs SELECT instance_id, source, run_id, seq, ts, make_timestamp($received_us), line, truncated
+FROM _log_batch"""
+_NOT_TRUNCATED = pa.scalar(False, pa.bool_())
+
+
+def log_chunk_batch(instance_id: str, source: str, run_id: str, seqs: list[int], ts_us: list[int], lines: list[str],
+                    truncated: list[bool]) -> pa.RecordBatch:
+    """One stream's lines as Arrow, built once per request (the ids repeated in C, no list per row);
+    a group commit concatenates these without copying."""
+    n = len(seqs)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(instance_id, pa.string()), n),
+            pa.repeat(pa.scalar(source, pa.string()), n),
+            pa.repeat(pa.scalar(run_id, pa.string()), n),
+            pa.array(seqs, pa.int64()),
+            pa.array(ts_us, pa.timestamp("us")),
+            pa.array(lines, pa.string()),
+            pa.array(truncated, pa.bool_()) if any(truncated) else pa.repeat(_NOT_TRUNCATED, n),
+        ],
+        schema=LOG_CHUNK_SCHEMA,
+    )
+
+
 @dataclass
 class LogColumns:
-    instance_id: list[str]
-    source: list[str]
-    run_id: list[str]
-    seq: list[int]
-    ts_us: list[int]
-    line: list[str]
-    truncated: list[bool]
+    """The log rows of one group commit: Arrow record batches of LOG_CHUNK_SCHEMA."""
+
+    batches: list[pa.RecordBatch]
+    rows: int = 0
 
     @classmethod
     def empty(cls) -> "LogColumns":
-        return cls([], [], [], [], [], [], [])
+        return cls([])
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.rows += batch.num_rows
 
     def __len__(self) -> int:
-        return len(self.seq)
+        return self.rows
 
 
 def write_batch(
@@ -144,22 +171,8 @@ def write_batch(
         con.execute("BEGIN")
         _upsert_instances(con, instances, received_us)
         if len(logs):
-            n = len(logs)
-            table = pa.Table.from_arrays(
-                [
-                    pa.array(logs.instance_id, pa.string()),
-                    pa.array(logs.source, pa.string()),
-                    pa.array(logs.run_id, pa.string()),
-                    pa.array(logs.seq, pa.int64()),
-                    pa.array(logs.ts_us, pa.timestamp("us")),
-                    pa.repeat(received, n),
-                    pa.array(logs.line, pa.string()),
-                    pa.array(logs.truncated, pa.bool_()),
-                ],
-                schema=LOG_SCHEMA,
-            )
-            con.register("_log_batch", table)
-            con.execute("INSERT INTO logs SELECT * FROM _log_batch")
+            con.register("_log_batch", pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA))
+            con.execute(INSERT_LOGS_SQL, {"received_us": received_us})
             con.unregister("_log_batch")
         if len(metrics):
             table = pa.Table.from_arrays(
