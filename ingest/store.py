@@ -6,6 +6,7 @@ Only the writer thread calls ``write_batch`` (on the one write connection). Ever
 
 from __future__ import annotations
 
+import array
 import logging
 from dataclasses import dataclass
 from importlib import resources
@@ -107,9 +108,14 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
 
 # --- the log rows of a group commit (the writer's staging) -------------------------------------------
 LOG_CHUNK_SCHEMA = pa.schema([f for f in LOG_SCHEMA if f.name != "received_at"])  # received_at is the commit's
-INSERT_LOGS_SQL = """INSERT INTO logs SELECT instance_id, source, run_id, seq, ts, make_timestamp($received_us), line, truncated
-FROM _log_batch"""
+LOG_COLUMNS_SQL = "instance_id, source, run_id, seq, ts, make_timestamp({received_us}::BIGINT), line, truncated"
 _NOT_TRUNCATED = pa.scalar(False, pa.bool_())
+TS_TYPE = pa.timestamp("us")
+
+
+def _int64s(values: list[int], kind: pa.DataType) -> pa.Array:
+    """Python ints (in range: the codec checked) to Arrow through a C array: ~3x faster than pa.array."""
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(array.array("q", values))])
 
 
 def log_chunk_batch(instance_id: str, source: str, run_id: str, seqs: list[int], ts_us: list[int], lines: list[str],
@@ -122,8 +128,8 @@ def log_chunk_batch(instance_id: str, source: str, run_id: str, seqs: list[int],
             pa.repeat(pa.scalar(instance_id, pa.string()), n),
             pa.repeat(pa.scalar(source, pa.string()), n),
             pa.repeat(pa.scalar(run_id, pa.string()), n),
-            pa.array(seqs, pa.int64()),
-            pa.array(ts_us, pa.timestamp("us")),
+            _int64s(seqs, pa.int64()),
+            _int64s(ts_us, TS_TYPE),
             pa.array(lines, pa.string()),
             pa.array(truncated, pa.bool_()) if any(truncated) else pa.repeat(_NOT_TRUNCATED, n),
         ],
@@ -171,9 +177,8 @@ def write_batch(
         con.execute("BEGIN")
         _upsert_instances(con, instances, received_us)
         if len(logs):
-            con.register("_log_batch", pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA))
-            con.execute(INSERT_LOGS_SQL, {"received_us": received_us})
-            con.unregister("_log_batch")
+            table = pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA)
+            con.from_arrow(table).project(LOG_COLUMNS_SQL.format(received_us=int(received_us))).insert_into("logs")
         if len(metrics):
             table = pa.Table.from_arrays(
                 [

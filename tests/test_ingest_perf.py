@@ -58,3 +58,13 @@ async def test_server_numbered_lines_get_their_seqs_in_the_table(client):
         assert r.status == 200, await r.text()
     rows = db_rows(client, "SELECT seq, line FROM logs WHERE source = 'old' ORDER BY seq")
     assert rows == [(i, t) for i, t in enumerate(["line one", "line two", "line three"] * 2)]
+
+
+async def test_received_at_is_the_commit_time_and_ts_the_pushed_one(client):
+    before = time.time()
+    doc = {"instance_id": "C.1", "source": "benchout",
+           "lines": [{"seq": 0, "ts": 1764415248.123456, "line": "a"}, {"seq": 1, "ts": "2026-11-29T11:20:00Z", "line": "b"}]}
+    assert (await post(client, "/api/v1/logs", doc)).status == 200
+    rows = db_rows(client, "SELECT epoch_us(ts), epoch_us(received_at) FROM logs ORDER BY seq")
+    assert [ts for ts, _ in rows] == [int(1764415248.123456 * 1_000_000), 1795951200_000000]
+    assert all(before - 1 <= received / 1e6 <= time.time() + 1 for _, received in rows)
