@@ -147,32 +147,31 @@ def read_logs(
     return rows if forward else rows[::-1]
 
 
-TAIL_LOAD_SQL = """
-SELECT run_id, seq, ts, line FROM logs
-WHERE instance_id = ? AND source = ? AND run_id = ? AND seq >= ?
-ORDER BY seq DESC LIMIT ?
-"""
+TAIL_LOAD_SQL = "SELECT seq, epoch_us(ts), line FROM logs WHERE instance_id = ? AND source = ? AND run_id = ? AND seq >= ?"
 
 
 def load_tail(con, timeout_s: float, instance_id: str, source: str, n: int,
-              floor: tuple[str, int] | None = None) -> tuple[list[TailRow], bool]:
+              floor: tuple[str, int, bool] | None = None) -> tuple[list[TailRow], bool]:
     """The newest ``n`` lines of (instance, source) for the tail cache, and whether that is all of them.
 
-    ``floor``: (run_id, seq) such that the newest ``n + 1`` stored lines are that run's lines from
-    that seq on (``StreamIndex.tail_floor``); the query then reads only the row groups that can hold
-    them (zone maps on seq) instead of every row group of the instance. Lines committed after the
-    floor was taken have higher seqs, or reach the cache through its pending list."""
+    ``floor``: (run_id, seq, complete) from ``StreamIndex.tail_floor``: the newest ``n`` stored lines
+    are that run's lines from that seq on. The query then reads only the row groups that can hold
+    them (zone maps on seq) instead of every row group of the instance, and needs no sort in DuckDB.
+    Lines committed after the floor was taken have higher seqs, or reach the cache through its
+    pending list; either way the newest ``n`` are kept."""
     if floor is None:
         rows = read_logs(
             con, timeout_s, instance_id, source=source, run_id=None, tail=n + 1, after_seq=None, before_seq=None, q=None
         )
         tail = [(r, seq, ts, line) for _s, r, seq, ts, line in rows]
-    else:
-        with deadline_cursor(con, timeout_s) as cur:
-            cur.execute(TAIL_LOAD_SQL, [instance_id, source, floor[0], floor[1], n + 1])
-            tail = [(r, seq, datetime_to_us(ts), line) for r, seq, ts, line in cur.fetchall()][::-1]
-    complete = len(tail) <= n
-    return (tail[-n:] if n else []), complete
+        return (tail[-n:] if n else []), len(tail) <= n
+    run_id, first, complete = floor
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(TAIL_LOAD_SQL, [instance_id, source, run_id, first])
+        found = cur.fetchall()
+    found.sort()
+    tail = [(run_id, seq, ts, line) for seq, ts, line in found[-n:]] if n else []
+    return tail, complete and len(found) <= n
 
 
 def logs_complete_marks(con, timeout_s: float, instance_id: str | None = None) -> dict[str, dict[tuple[str, str], int]]:

@@ -109,4 +109,5 @@ def test_tail_floor_bounds_exactly_the_newest_lines_of_the_stream(runs, n):
         assert len({run_id for run_id, _ in newest}) > 1
     else:
         assert [(r, s) for r, s in stored if r == floor[0] and s >= floor[1]] == newest
+        assert floor[2] == (len(stored) <= n)  # another source of the instance does not count
     assert index.tail_floor("C.2", "benchout", n) is None
