@@ -20,6 +20,7 @@ Work is capped before it is done: ``Caps`` bounds the lines, streams and events 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import operator
 import time
 from dataclasses import dataclass, field
@@ -262,39 +263,37 @@ def _parse_stream(doc: Any, where: str, max_line_bytes: int, received_us: int) -
     return LogChunk(instance_id, source, run_id, seqs, ts_us, texts, truncated, ascending)
 
 
-class _Line(msgspec.Struct):
-    seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
-    line: str
-    ts: int | float | str | None = None
+@functools.cache
+def _push_decoder(max_line_chars: int) -> msgspec.json.Decoder:
+    """A decoder of push bodies whose lines are all shorter than ``max_line_chars`` characters (a
+    line that long may be over ``max_line_bytes``: such a body takes the reference path, which
+    truncates). The structs are created per limit, once."""
 
-
-class _Stream(msgspec.Struct):
-    instance_id: str
-    source: str
-    lines: list[_Line]
-    run_id: str = "0"
-
-
-class _Push(msgspec.Struct):
-    instance_id: str | msgspec.UnsetType = msgspec.UNSET
-    source: str | msgspec.UnsetType = msgspec.UNSET
-    lines: list[_Line] | msgspec.UnsetType = msgspec.UNSET
-    run_id: str = "0"
-    streams: list[_Stream] | msgspec.UnsetType = msgspec.UNSET
-
-
-_PUSH = msgspec.json.Decoder(_Push)
+    unset = msgspec.UnsetType
+    line = msgspec.defstruct("Line", [
+        ("seq", Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]),
+        ("line", Annotated[str, msgspec.Meta(max_length=max_line_chars)]),
+        ("ts", int | float | str | None, None),
+    ], gc=False)
+    stream = msgspec.defstruct("Stream", [
+        ("instance_id", str), ("source", str), ("lines", list[line]), ("run_id", str, "0"),
+    ], gc=False)
+    push = msgspec.defstruct("Push", [
+        ("instance_id", str | unset, msgspec.UNSET), ("source", str | unset, msgspec.UNSET),
+        ("lines", list[line] | unset, msgspec.UNSET), ("run_id", str, "0"), ("streams", list[stream] | unset, msgspec.UNSET),
+    ], gc=False)
+    return msgspec.json.Decoder(push)
 
 
 def parse_logs_body(body: bytes, max_line_bytes: int, received_us: int, caps: Caps = Caps()) -> list[LogChunk]:
     """``parse_logs(decode_json(body))``, in one pass for a well-formed body.
 
     msgspec decodes and type-checks the body into typed structs in C (no dict per line); what is left
-    (ids, timestamps, caps, duplicates, truncation) is checked over whole columns. A body msgspec
+    (ids, timestamps, caps, duplicates) is checked over whole columns. A body msgspec
     refuses, for whatever reason, goes through ``parse_logs``, so every error names what it did before.
     """
     try:
-        push = _PUSH.decode(body)
+        push = _push_decoder(max_line_bytes // 4).decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return parse_logs(decode_json(body), max_line_bytes, received_us, caps)
     if push.streams is not msgspec.UNSET:
@@ -311,29 +310,21 @@ def parse_logs_body(body: bytes, max_line_bytes: int, received_us: int, caps: Ca
     return [_columns(push.instance_id, push.source, push.run_id, push.lines, "", max_line_bytes, received_us)]
 
 
-_SEQ, _TEXT, _TS = operator.attrgetter("seq"), operator.attrgetter("line"), operator.attrgetter("ts")
-
-
-def _columns(instance_id: str, source: str, run_id: str, items: list[_Line], prefix: str, max_line_bytes: int,
+def _columns(instance_id: str, source: str, run_id: str, items: list, prefix: str, max_line_bytes: int,
              received_us: int) -> LogChunk:
     """One stream's typed lines as columns, with ``_parse_stream``'s checks in its order."""
     parse_id(instance_id, prefix + "instance_id")
     parse_id(source, prefix + "source")
     parse_id(run_id, prefix + "run_id")
-    seqs = list(map(_SEQ, items))
-    texts = list(map(_TEXT, items))
-    stamps = list(map(_TS, items))
-    del items
+    seqs = [item.seq for item in items]
+    texts = [item.line for item in items]
+    stamps = [item.ts for item in items]
     if stamps and set(map(type, stamps)) == {float} and 0.0 <= min(stamps) and max(stamps) <= MAX_TS_S:
         ts_us = [int(t * 1_000_000) for t in stamps]
     else:
         ts_us = [int(t * 1_000_000) if type(t) is float and 0.0 <= t <= MAX_TS_S
                  else parse_ts(t, f"{prefix}lines[{i}].ts", received_us) for i, t in enumerate(stamps)]
-    truncated = [False] * len(texts)
-    if texts and max(map(len, texts)) > max_line_bytes // 4:  # a line this short cannot exceed the byte limit
-        for i, text in enumerate(texts):
-            if len(text) > max_line_bytes // 4:
-                texts[i], truncated[i] = truncate_line(text, max_line_bytes)
+    truncated = [False] * len(texts)  # no line reached max_line_bytes // 4 characters (the decoder checked)
     ascending = all(map(operator.lt, seqs, seqs[1:]))
     if not ascending and len(set(seqs)) != len(seqs):
         seen: set[int] = set()
