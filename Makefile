@@ -1,10 +1,12 @@
-# Every target creates or reuses .venv and installs what it needs.
+# `make run` and `make test` do every set-up step: each creates (or reuses) .venv and installs what it
+# needs; `make test` first installs the Debian packages the tests drive (scripts/test-deps.sh: as
+# root it installs them, otherwise it prints the apt-get command and stops).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench clean images
+.PHONY: run test test-deps bench clean images
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +17,11 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/fleetlog serve
 
-test: $(STAMP)
+test-deps:
+	scripts/test-deps.sh
+
+test: test-deps
+	$(MAKE) --no-print-directory $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
@@ -23,6 +29,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/tail_latency.py
 	$(BIN)/python bench/agent_cost.py
 	$(BIN)/python bench/gpu_sampling.py
+	$(BIN)/python bench/search_latency.py
+	$(BIN)/python bench/storage_bytes.py
+	$(BIN)/python bench/ready_time.py
+	$(BIN)/python bench/flood_memory.py
+	$(BIN)/python bench/sql_starvation.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

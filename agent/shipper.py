@@ -15,6 +15,8 @@ What an answer does (OpenTelemetry's OTLP/HTTP exporter is the model):
 - 401, 403 and other 5xx: kept and sent again, but only every ``retry_max_delay_s``: the records are
   evidence, and a token fixed or a server repaired must still get them. (A 401 to an enrolled token
   is retried at once: the token is forgotten and the agent enrolls again; see ``credentials.py``.)
+  A 409 to an enrollment is held the same way: the instance was enrolled before and its token is
+  lost; the records wait until an admin re-issues the token into the token file or ``--token``.
 - other 4xx (400, 413, ...): the server will never take these bytes. A batch of several records is
   split and sent record by record; a single record refused is dropped, counted, and logged with the
   server's error message.
@@ -100,6 +102,13 @@ class Client:
         if creds.needs_enrollment:
             registering = path == PATHS["event"] and kinds == {"registered"}
             outcome, reply = await self._send(PATHS["event"], body if registering else creds.enrollment_body(), creds.enroll_token)
+            if outcome.status == 409:  # enrolled before, token lost: the records wait for a re-issued one
+                logger.error(
+                    "the server already knows instance %s and will not enroll it again; keeping every record. "
+                    "An admin must re-issue its token (POST /api/v1/instances/%s/token) and put it in the "
+                    "token file (%s) or pass --token", creds.instance_id, creds.instance_id, creds.token_file or "none set",
+                )
+                return Outcome("hold", 409, outcome.detail, outcome.retry_after_s)
             if outcome.verdict != "ok":
                 return outcome
             creds.accept(reply)

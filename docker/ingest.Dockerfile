@@ -27,6 +27,7 @@ RUN --mount=type=secret,id=ca \
     && rm -rf agent ingest build ./*.egg-info
 COPY ingest ./ingest
 COPY agent ./agent
+COPY queries ./queries
 RUN --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
     && /opt/fleetlog-venv/bin/pip install --no-cache-dir --disable-pip-version-check --quiet --no-deps . \

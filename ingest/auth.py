@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from ingest.errors import Forbidden, RequestError, Unauthorized
+from ingest.errors import Forbidden, RateLimited, Unauthorized
 
 PUBLIC, PUSH, READ, ADMIN = "public", "push", "read", "admin"
 
@@ -140,11 +140,6 @@ def check_instances(principal: Principal, instance_ids: set[str], kinds: set[str
     others = instance_ids - {principal.instance_id}
     if others:
         raise Forbidden(f"this token belongs to {principal.instance_id!r}, not to {sorted(others)[0]!r}")
-
-
-class RateLimited(RequestError):
-    status = 429
-    reason = "rate_limited"
 
 
 class InstanceRateLimiter:

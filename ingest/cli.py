@@ -1,9 +1,18 @@
 """``fleetlog``: the operator's command.
 
-    fleetlog serve [settings...]                 run the server
-    fleetlog policy run [--once] [--execute]     run the lifecycle rules (dry run unless --execute)
-    fleetlog query SQL | --file queries/X.sql    ask the stored data (read-only)
-    fleetlog demo [--server URL]                 push a simulated fleet through the real agent
+    fleetlog serve [settings...]                        run the server
+    fleetlog logs INSTANCE [--source S] [--tail N] [--follow] [--grep RE]
+    fleetlog instances [--state S] [--failed]           the fleet, one row per instance
+    fleetlog why INSTANCE                               why it failed: exit, class, deciding line, logs, decisions
+    fleetlog hosts                                      the deploy gate, one row per machine
+    fleetlog search TEXT [--since 24h] [--regex]        log lines across the fleet, newest first
+    fleetlog query SQL | --file NAME                    ask the stored data (read-only SQL)
+    fleetlog policy run [--once] [--execute]            run the lifecycle rules (dry run unless --execute)
+    fleetlog demo                                       push a simulated fleet through the real agent
+
+Every command but ``serve`` talks to a server: ``--server`` / ``FLEETLOG_SERVER`` / ``[client] server``
+of fleetlog.toml (default the serve settings' address), with ``--token`` / ``FLEETLOG_TOKEN`` /
+``[client] token``. ``query`` and ``policy run`` open a database file instead with ``--db``.
 """
 
 from __future__ import annotations
@@ -11,17 +20,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
-import urllib.error
-import urllib.request
+import time
+from pathlib import Path
 
 import orjson
 
-from ingest import config
+from ingest import config, oncall
+from ingest.client import Client, ClientError
 from ingest.errors import ConfigError, StoreError
 
 logger = logging.getLogger("fleetlog")
+
+FORMATS = ("table", "json", "csv")
+
+# What a policy run depends on: shown by `policy run --help` (and read from flags, env and toml).
+POLICY_SETTINGS = frozenset({
+    "db", "queries_dir", "query_timeout_s", "log_level", "min_rate", "policy_interval_s", "destroy_grace_s",
+    "destroy_cap_per_cycle", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "actuator_webhook_url",
+    "actuator_command", "actuator_timeout_s", "actuator_retries",
+})
+
+
+def _client_command(commands, name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+    parser = commands.add_parser(name, help=help, description=description or help)
+    config.add_client_arguments(parser)
+    return parser
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,39 +54,69 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the ingest server (HTTP API, writer, policy timer)")
     config.add_arguments(serve)
 
+    logs = _client_command(commands, "logs", "an instance's log lines, oldest first (--follow: then new ones)")
+    logs.add_argument("instance", help="the instance id, e.g. C.32733029")
+    logs.add_argument("--source", help="one source (benchout, benchdaemon, setup...); default all")
+    logs.add_argument("--tail", type=int, default=200, help="the last N lines (default %(default)s)")
+    logs.add_argument("--follow", "-f", action="store_true", help="then print new lines as they are stored (needs --source)")
+    logs.add_argument("--grep", metavar="RE", help="only lines matching this regular expression (case-insensitive)")
+    logs.add_argument("--format", choices=FORMATS, default="table", help="table: plain lines; json: one object a line")
+
+    instances = _client_command(commands, "instances", "the fleet: state, machine, GPU, rate, exit, failure class, logs")
+    instances.add_argument("--state", help="only instances in this state (running, bench_done, killed, stale...)")
+    instances.add_argument("--failed", action="store_true", help="only instances whose latest benchmark failed")
+    instances.add_argument("--format", choices=FORMATS, default="table")
+
+    why = _client_command(commands, "why", "why an instance failed: exit, class, deciding line, excerpt, logs, decisions")
+    why.add_argument("instance", help="the instance id")
+    why.add_argument("--format", choices=FORMATS, default="table")
+
+    hosts = _client_command(commands, "hosts", "the deploy gate: per machine, best rate, runs, bad or not, eligible")
+    hosts.add_argument("--format", choices=FORMATS, default="table")
+
+    search = _client_command(commands, "search", "log lines across the fleet, newest first (case-insensitive)")
+    search.add_argument("text", help="the text to find (a regular expression with --regex)")
+    search.add_argument("--regex", action="store_true", help="TEXT is a regular expression (RE2)")
+    search.add_argument("--since", default="24h", help="how far back: 30m, 24h, 7d, or a time (default %(default)s)")
+    search.add_argument("--until", default=None, help="until when (default now)")
+    search.add_argument("--source", help="only this source")
+    search.add_argument("--instance", help="only this instance")
+    search.add_argument("--limit", type=int, default=100, help="at most this many lines (default %(default)s)")
+    search.add_argument("--format", choices=FORMATS, default="table")
+
+    query = commands.add_parser(
+        "query",
+        help="run one read-only SELECT, against a server or (--db) a database file",
+        description="SQL from the command line or a file of queries/ (a path, or its name: why_failed); its "
+        "'-- needs:' are put in front. $name parameters come from --param name=value; $now and $min_rate are "
+        "filled in when not given.",
+    )
+    query.add_argument("sql", nargs="?", help="the SELECT to run")
+    query.add_argument("--file", help="a .sql file or the name of one in queries/, e.g. why_failed")
+    query.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a $NAME parameter")
+    query.add_argument("--format", choices=FORMATS, default="table")
+    query.add_argument("--db", help="the database file, when no server holds it (instead of a server)")
+    query.add_argument("--min-rate", type=float, default=None, help="the $min_rate to use (default the server's)")
+    config.add_client_arguments(query)
+
     policy = commands.add_parser("policy", help="lifecycle rules").add_subparsers(dest="policy_command", required=True)
     run = policy.add_parser(
         "run",
         help="run the rules in queries/policies/ (dry run unless --execute)",
-        description="Against a running server with --server URL (it holds the database), else straight on "
-        "the database file. Every setting of `fleetlog serve` applies (min_rate, grace, actuator...).",
+        description="On a running server (--server, the default), which runs them with its own settings; or "
+        "straight on a database file no server holds (--db), with the settings below. Prints the decisions.",
     )
     run.add_argument("--once", action="store_true", help="one run, then exit (default: every policy interval)")
     run.add_argument("--execute", action="store_true", help="carry out the decisions (destroy, delete logs)")
-    run.add_argument("--server", help="URL of a running fleetlog server, e.g. http://127.0.0.1:8080")
-    config.add_arguments(run)
+    run.add_argument("--format", choices=FORMATS, default="table")
+    config.add_arguments(run, only=POLICY_SETTINGS)
+    config.add_client_arguments(run, config=False)
 
-    query = commands.add_parser(
-        "query",
-        help="run one read-only SELECT, against a running server (--server) or a database file",
-        description="SQL from the command line or a file under queries/ (its '-- needs:' are put in front). "
-        "$name parameters come from --param name=value; $now and $min_rate are filled in when not given.",
+    demo = _client_command(
+        commands, "demo", "push a simulated fleet (healthy, slow, OOM, GPU lost, network failure) into a running server",
+        "Runs the real fleetlog-agent for six simulated instances against the server, then the policies "
+        "(with the admin token when the server has tokens on).",
     )
-    query.add_argument("sql", nargs="?", help="the SELECT to run")
-    query.add_argument("--file", help="a .sql file, e.g. queries/why_failed.sql")
-    query.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a $NAME parameter")
-    query.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    query.add_argument("--server", help="URL of a running fleetlog server (it holds the database)")
-    query.add_argument("--db", help="the database file, when no server holds it (default ./var/fleetlog.duckdb)")
-    query.add_argument("--min-rate", type=float, default=None, help="the $min_rate to use (default the server's)")
-
-    demo = commands.add_parser(
-        "demo",
-        help="push a simulated fleet (healthy, slow, OOM, GPU lost, network failure) into a running server",
-        description="Runs the real fleetlog-agent for six simulated instances against --server, then the policies.",
-    )
-    demo.add_argument("--server", default="http://127.0.0.1:8080", help="the running server (default %(default)s)")
-    demo.add_argument("--token", default=None, help="admin token when the server has tokens on (env FLEETLOG_TOKEN)")
     demo.add_argument("--keep", action="store_true", help="keep the generated scripts and agent logs")
     return parser
 
@@ -73,6 +127,15 @@ def _settings(args: dict) -> config.Settings | None:
     except ConfigError as e:
         print(f"fleetlog: configuration error: {e}", file=sys.stderr)
         return None
+
+
+def _client(args: dict) -> Client | None:
+    try:
+        found = config.load_client({k: args.pop(k, None) for k in ("server", "token", "config")})
+    except ConfigError as e:
+        print(f"fleetlog: configuration error: {e}", file=sys.stderr)
+        return None
+    return Client(found.server, found.token)
 
 
 def _logging(settings: config.Settings) -> None:
@@ -124,60 +187,81 @@ def _serve_app(app, settings: config.Settings) -> None:
 
 
 def policy_run(args: dict) -> int:
-    once, execute, server = args.pop("once"), args.pop("execute"), args.pop("server")
+    once, execute, fmt = args.pop("once"), args.pop("execute"), args.pop("format")
     args.pop("policy_command", None)
+    if not args.get("db"):
+        client = _client(args)
+        if client is None:
+            return 2
+        interval_s = float(args.get("policy_interval_s") or 60.0)
+        return _policy_via_server(client, once, execute, fmt, interval_s)
+    for key in ("server", "token"):
+        args.pop(key, None)
     settings = _settings(args)
     if settings is None:
         return 2
     _logging(settings)
-    if server:
-        return _policy_via_server(server, once, execute, settings.policy_interval_s)
     try:
-        return asyncio.run(_policy_local(settings, once, execute))
+        return asyncio.run(_policy_local(settings, once, execute, fmt))
     except (StoreError, ConfigError) as e:
-        print(f"fleetlog: {e}\n(is a server holding the database? then use --server URL)", file=sys.stderr)
+        print(f"fleetlog: {e}\n(is a server holding the database? then leave out --db: the server runs them)",
+              file=sys.stderr)
         return 1
 
 
-def _print_report(report: dict) -> None:
-    sys.stdout.write(orjson.dumps(report).decode() + "\n")
+def _decided_ids(report: dict) -> list[int]:
+    return sorted({i for key in ("new_decisions", "executed", "failed", "skipped") for i in report.get(key, [])})
+
+
+def print_report(report: dict, decisions: list[dict], fmt: str) -> None:
+    """What one policy run decided and did: a table of its decisions (or JSON / CSV rows)."""
+    ids = set(_decided_ids(report))
+    rows = sorted((d for d in decisions if d["id"] in ids), key=lambda d: d["id"])
+    if fmt == "table":
+        mode = "executed" if report.get("execute") else "dry run"
+        sys.stdout.write(f"policy run, {mode}: {report.get('classified', 0)} failures classified, "
+                         f"{len(report.get('new_decisions', []))} new decisions, {len(report.get('executed', []))} "
+                         f"carried out, {len(report.get('failed', []))} failed, {report.get('capped', 0)} capped\n")
+    if fmt == "json":
+        sys.stdout.write(orjson.dumps({**report, "decisions": rows}, default=str).decode() + "\n")
+    elif rows or fmt == "csv":
+        oncall.print_records(rows, oncall.DECISION_COLUMNS, fmt, sys.stdout)
     sys.stdout.flush()
 
 
-def _policy_via_server(server: str, once: bool, execute: bool, interval_s: float) -> int:
-    import time
-
-    url = server.rstrip("/") + f"/api/v1/policy/run?execute={int(execute)}"
+def _policy_via_server(client: Client, once: bool, execute: bool, fmt: str, interval_s: float) -> int:
     while True:
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, method="POST", data=b""), timeout=120) as r:
-                _print_report(orjson.loads(r.read()))
-        except urllib.error.HTTPError as e:
-            print(f"fleetlog: {url}: {e.code} {e.read().decode(errors='replace')}", file=sys.stderr)
+            report = client.post("/api/v1/policy/run", params={"execute": int(execute)})
+            decisions = client.get("/api/v1/decisions", limit=10_000)["decisions"] if _decided_ids(report) else []
+        except ClientError as e:
+            print(f"fleetlog policy run: {e.message}", file=sys.stderr)
             return 1
-        except OSError as e:
-            print(f"fleetlog: {url}: {e}", file=sys.stderr)
-            return 1
+        print_report(report, decisions, fmt)
         if once or interval_s <= 0:
             return 0
         time.sleep(interval_s)
 
 
-async def _policy_local(settings: config.Settings, once: bool, execute: bool) -> int:
+async def _policy_local(settings: config.Settings, once: bool, execute: bool, fmt: str) -> int:
     from prometheus_client import CollectorRegistry
 
+    from ingest import reads
     from ingest.core import Core
     from ingest.observe import IngestMetrics
 
     core = Core.open(settings, IngestMetrics(CollectorRegistry()))
     try:
-        if once or settings.policy_interval_s <= 0:
-            _print_report((await core.policy.run_cycle(execute)).as_dict())
-        else:
-            await core.policy.run_forever(settings.policy_interval_s, execute, asyncio.Event())
+        while True:
+            report = (await core.policy.run_cycle(execute)).as_dict()
+            decisions = reads.decisions(core.reader, settings.query_timeout_s, state=None, action=None, subject=None,
+                                        limit=10_000) if _decided_ids(report) else []
+            print_report(report, decisions, fmt)
+            if once or settings.policy_interval_s <= 0:
+                return 0
+            await asyncio.sleep(settings.policy_interval_s)
     finally:
         await core.close()
-    return 0
 
 
 def _param_value(raw: str):
@@ -189,21 +273,31 @@ def _param_value(raw: str):
     return raw
 
 
+def _query_file(name: str, queries_dir: Path) -> Path:
+    """A path, or the name of a file of queries/ (``why_failed``, ``why_failed.sql``)."""
+    path = Path(name)
+    if path.exists() or "/" in name:
+        return path
+    from ingest import queryfiles
+
+    return queryfiles.find(name.removesuffix(".sql"), queries_dir)
+
+
 def query(args: dict) -> int:
-    from pathlib import Path
-
-    from ingest import queryfiles, reads
+    from ingest import queryfiles
     from ingest.errors import QueryError, QueryTimeout
-    from ingest.policy import utcnow
 
-    settings = config.Settings()
     if bool(args["sql"]) == bool(args["file"]):
         print("fleetlog query: give either SQL or --file", file=sys.stderr)
         return 2
+    local = {"config": args.get("config"), "db": args["db"]}
+    settings = _settings(local)
+    if settings is None:
+        return 2
     try:
-        sql = queryfiles.compose(Path(args["file"]), settings.queries_path) if args["file"] else args["sql"]
+        sql = queryfiles.compose(_query_file(args["file"], settings.queries_path), settings.queries_path) if args["file"] else args["sql"]
     except (OSError, QueryError) as e:
-        print(f"fleetlog query: {e}", file=sys.stderr)
+        print(f"fleetlog query: {getattr(e, 'message', e)}", file=sys.stderr)
         return 2
     given = {}
     for item in args["param"]:
@@ -214,82 +308,60 @@ def query(args: dict) -> int:
         given[name] = _param_value(value)
     if args["min_rate"] is not None:
         given["min_rate"] = args["min_rate"]
-    if args["server"]:
-        return _query_via_server(args["server"], sql, given, args["format"])
+    if not args["db"]:
+        client = _client(args)
+        if client is None:
+            return 2
+        return _query_via_server(client, sql, given, args["format"])
     try:
-        params = queryfiles.bind(sql, given, {"now": utcnow(), "min_rate": settings.min_rate})
-        import duckdb
-
-        path = args["db"] or settings.db
-        if not Path(path).exists():
-            print(f"fleetlog query: no database at {path}", file=sys.stderr)
-            return 1
-        try:
-            con = duckdb.connect(path, read_only=True)
-        except duckdb.Error as e:
-            print(f"fleetlog query: {e}\n(is a server holding the database? then use --server URL)", file=sys.stderr)
-            return 1
-        try:
-            columns, rows, truncated = reads.run_select(con, sql, settings.query_timeout_s * 6, 1_000_000, params)
-        finally:
-            con.close()
+        columns, rows = _query_local(settings, sql, given)
     except (QueryError, QueryTimeout) as e:
         print(f"fleetlog query: {e.message}", file=sys.stderr)
         return 1
-    _print_rows(columns, [list(r) for r in rows], args["format"])
+    except StoreError as e:
+        print(f"fleetlog query: {e}", file=sys.stderr)
+        return 1
+    oncall.print_rows(columns, rows, args["format"])
     return 0
 
 
-def _query_via_server(server: str, sql: str, params: dict, fmt: str) -> int:
-    url = server.rstrip("/") + "/api/v1/query?format=" + ("csv" if fmt == "csv" else "json")
-    body = orjson.dumps({"sql": sql, "params": params})
+def _query_local(settings: config.Settings, sql: str, given: dict) -> tuple[list[str], list[list]]:
+    import duckdb
+
+    from ingest import queryfiles, reads
+    from ingest.policy import utcnow
+
+    params = queryfiles.bind(sql, given, {"now": utcnow(), "min_rate": settings.min_rate})
+    if not Path(settings.db).exists():
+        raise StoreError(f"no database at {settings.db}")
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST"), timeout=300) as r:
-            data = r.read()
-    except urllib.error.HTTPError as e:
-        detail = e.read()
-        try:
-            detail = orjson.loads(detail)["error"]
-        except (ValueError, KeyError, TypeError):
-            detail = detail.decode(errors="replace")
-        print(f"fleetlog query: {e.code}: {detail}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"fleetlog query: {url}: {e}", file=sys.stderr)
+        con = duckdb.connect(settings.db, read_only=True)
+    except duckdb.Error as e:
+        raise StoreError(f"{e}\n(is a server holding the database? then leave out --db: the server answers)") from e
+    try:
+        columns, rows, _ = reads.run_select(con, sql, settings.query_timeout_s * 6, 1_000_000, params)
+    finally:
+        con.close()
+    return columns, [list(r) for r in rows]
+
+
+def _query_via_server(client: Client, sql: str, params: dict, fmt: str) -> int:
+    try:
+        data = client.request("POST", "/api/v1/query", params={"format": "csv" if fmt == "csv" else "json"},
+                              body=orjson.dumps({"sql": sql, "params": params}))
+    except ClientError as e:
+        print(f"fleetlog query: {e.message}", file=sys.stderr)
         return 1
     if fmt == "csv":
         sys.stdout.write(data.decode())
         return 0
     doc = orjson.loads(data)
-    _print_rows(doc["columns"], doc["rows"], fmt)
+    oncall.print_rows(doc["columns"], doc["rows"], fmt)
     return 0
 
 
-def _print_rows(columns: list[str], rows: list[list], fmt: str) -> None:
-    from ingest.handlers.http import dumps
-
-    if fmt == "json":
-        sys.stdout.write(dumps([dict(zip(columns, row)) for row in rows]).decode() + "\n")
-    elif fmt == "csv":
-        import csv
-
-        writer = csv.writer(sys.stdout)
-        writer.writerow(columns)
-        writer.writerows(rows)
-    else:
-        cells = [[_cell(v) for v in row] for row in rows]
-        widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-        line = "  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()
-        sys.stdout.write(line + "\n" + "  ".join("-" * w for w in widths) + "\n")
-        for r in cells:
-            sys.stdout.write("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() + "\n")
-        sys.stdout.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
-
-
-def _cell(value) -> str:
-    text = "" if value is None else str(value)
-    text = text.replace("\n", "\\n")
-    return text if len(text) <= 120 else text[:117] + "..."
+ONCALL = {"logs": oncall.logs, "instances": oncall.instances, "why": oncall.why, "hosts": oncall.hosts,
+          "search": oncall.search}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,11 +373,22 @@ def main(argv: list[str] | None = None) -> int:
         return policy_run(args)
     if command == "query":
         return query(args)
+    client = _client(args)
+    if client is None:
+        return 2
     if command == "demo":
         from ingest import demo
 
-        return demo.run(args["server"], args["token"] or os.environ.get("FLEETLOG_TOKEN"), args["keep"])
-    return 2
+        return demo.run(client, args["keep"])
+    try:
+        return ONCALL[command](client, args)
+    except ClientError as e:
+        print(f"fleetlog {command}: {e.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # | head
+        return 0
 
 
 if __name__ == "__main__":

@@ -378,6 +378,7 @@ def parse_events(doc: Any, received_us: int, caps: Caps = Caps()) -> list[Event]
 
 _NUMBER_FIELDS = {
     "registered": {"machine_id": int, "host_id": int, "gpu_count": int, "dph": float},
+    "params_done": {"exit_code": int},
     "bench_started": {"proofs": int, "concurrency": int, "partition_workers": int},
     "bench_done": {"exit_code": int, "rate_per_hour": float, "duration_s": float, "proofs_ok": int},
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.resources
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -20,7 +21,18 @@ from ingest.budget import EXPANSION
 from ingest.errors import ConfigError
 
 ENV_PREFIX = "FLEETLOG_"
-DEFAULT_QUERIES_DIR = Path(__file__).resolve().parent.parent / "queries"
+
+
+def _default_queries_dir() -> Path:
+    """``queries/`` as package data (so a wheel works from any directory); the checkout's when an
+    install left the package out (an image that sets FLEETLOG_QUERIES_DIR instead)."""
+    try:
+        return Path(str(importlib.resources.files("queries")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "queries"
+
+
+DEFAULT_QUERIES_DIR = _default_queries_dir()
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off"}
 
@@ -86,6 +98,14 @@ class Settings:
     http_max_connections: int = _setting(
         0, "open HTTP connections at most; beyond it new ones are closed at once (0: the file-descriptor limit less 256)", minimum=0
     )
+    bench_timeout_s: float = _setting(
+        3600.0, "a benchmark started this long ago with no bench_done is hung (class hung, destroy proposed)", minimum=1
+    )
+    exclude_repeat_failures: int = _setting(
+        2, "failures of a class not blamed at once (network, param_fetch, timeout, hung, unknown) on one machine "
+        "within bad_host_ttl_s before it is excluded", minimum=1
+    )
+    notify_webhook_url: str = _setting("", "URL a decision is POSTed to as JSON when proposed, superseded, executed or failed")
 
     @property
     def tokens_enabled(self) -> bool:
@@ -164,10 +184,13 @@ def _types() -> dict[str, type]:
     return {f.name: hints[f.type] for f in dataclasses.fields(Settings)}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one ``--flag`` per setting; the defaults stay None so that unset flags do not override."""
+def add_arguments(parser: argparse.ArgumentParser, only: frozenset[str] | None = None) -> None:
+    """Add one ``--flag`` per setting (those named in ``only``, when given); the defaults stay None so
+    that unset flags do not override."""
     parser.add_argument("--config", help="path of a fleetlog.toml (default ./fleetlog.toml when present)")
     for f in dataclasses.fields(Settings):
+        if only is not None and f.name not in only:
+            continue
         flag = "--" + f.name.replace("_", "-")
         extra = {"nargs": "?", "const": "true"} if f.type == "bool" else {}
         parser.add_argument(flag, *f.metadata["aliases"], dest=f.name, default=None, help=f"{f.metadata['help']} (default {f.default!r}; env {ENV_PREFIX}{f.name.upper()})", **extra)
@@ -201,3 +224,66 @@ def load(args: Mapping[str, Any] | None = None, environ: Mapping[str, str] | Non
         if args.get(name) is not None:
             values[name] = _cast(name, kind, args[name], "--" + name.replace("_", "-"))
     return Settings(**values)
+
+
+# ---- the operator commands' side: which server to talk to, with which token
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Where ``fleetlog logs``, ``query --server``, ``policy run --server``, ``demo``... send requests."""
+
+    server: str
+    token: str
+
+
+CLIENT_HELP = {
+    "server": "URL of the fleetlog server (env FLEETLOG_SERVER, [client] server in fleetlog.toml; "
+              "default http://HOST:PORT of the serve settings)",
+    "token": "token sent as Authorization: Bearer (env FLEETLOG_TOKEN, [client] token in fleetlog.toml; "
+             "default the admin, else the read token of the serve settings)",
+}
+
+
+def add_client_arguments(parser: argparse.ArgumentParser, config: bool = True) -> None:
+    """``--server`` and ``--token`` (and ``--config``, unless the parser has it already)."""
+    parser.add_argument("--server", default=None, help=CLIENT_HELP["server"])
+    parser.add_argument("--token", default=None, help=CLIENT_HELP["token"])
+    if config:
+        parser.add_argument("--config", default=None, help="path of a fleetlog.toml (default ./fleetlog.toml when present)")
+
+
+def load_client(args: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+                cwd: Path | None = None) -> ClientSettings:
+    """The server URL and token, the way every setting is read: flag, then ``FLEETLOG_SERVER`` /
+    ``FLEETLOG_TOKEN``, then the ``[client]`` table of fleetlog.toml, then the serve settings (so an
+    operator on the server's machine needs nothing more)."""
+    args = dict(args or {})
+    environ = os.environ if environ is None else environ
+    config_path = args.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    default_path = (cwd or Path.cwd()) / "fleetlog.toml"
+    table: dict[str, Any] = {}
+    if config_path or default_path.exists():
+        path = Path(config_path) if config_path else default_path
+        try:
+            table = tomllib.loads(path.read_text()).get("client", {})
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"{path}: cannot read configuration: {e}") from e
+        for key in table:
+            if key not in CLIENT_HELP:
+                raise ConfigError(f"{path}: [client] {key}: unknown setting (known: server, token)")
+    values: dict[str, str] = {}
+    for name in CLIENT_HELP:
+        for raw, origin in ((args.get(name), "--" + name), (environ.get(ENV_PREFIX + name.upper()), ENV_PREFIX + name.upper()),
+                            (table.get(name), f"[client] {name}")):
+            if raw is not None:
+                values[name] = _cast(name, str, raw, origin)
+                break
+    if "server" not in values or "token" not in values:
+        serve = load({"config": args.get("config")}, environ, cwd)
+        host = "127.0.0.1" if serve.host in ("0.0.0.0", "::", "") else serve.host
+        values.setdefault("server", f"http://{host}:{serve.port}")
+        values.setdefault("token", serve.admin_token or serve.read_token)
+    server = values["server"].rstrip("/")
+    if not server.startswith(("http://", "https://")):
+        raise ConfigError(f"server: expected an http:// or https:// URL, got {server!r}")
+    return ClientSettings(server=server, token=values["token"])

@@ -15,7 +15,7 @@ from ingest.actuator import build_actuator
 from ingest.config import Settings
 from ingest.fleetgauges import FleetCollector, GpuCollector
 from ingest.observe import IngestMetrics, LiveStateCollector
-from ingest.policy import PolicyEngine, PolicyParams, load_rules
+from ingest.policy import PolicyEngine, PolicyParams, load_rules, store_settings
 from ingest.queryfiles import compose
 from ingest.reader import Reader
 from ingest.streams import StreamIndex
@@ -68,13 +68,18 @@ class Core:
                 bad_host_ttl_s=settings.bad_host_ttl_s,
                 stale_ttl_s=settings.stale_ttl_s,
                 retention_s=settings.retention_s,
+                exclude_repeats=settings.exclude_repeat_failures,
+                bench_timeout_s=settings.bench_timeout_s,
             ),
             build_actuator(settings.actuator_webhook_url, settings.actuator_command, settings.actuator_timeout_s),
             metrics,
             destroy_cap_per_cycle=settings.destroy_cap_per_cycle,
             actuator_retries=settings.actuator_retries,
             query_timeout_s=settings.query_timeout_s,
+            notify_webhook_url=settings.notify_webhook_url,
+            notify_timeout_s=settings.actuator_timeout_s,
         )
+        store_settings(con, policy.params)  # what the views compare against; the writer has not started yet
         metrics.registry.register(
             LiveStateCollector(
                 {
@@ -89,7 +94,7 @@ class Core:
             )
         )
         metrics.registry.register(
-            FleetCollector(reader, index, hosts_sql, settings.min_rate, settings.query_timeout_s)
+            FleetCollector(reader, hosts_sql, settings.min_rate, settings.query_timeout_s, settings.db)
         )
         metrics.registry.register(GpuCollector(reader, settings.gpu_gauge_window_s, settings.query_timeout_s))
         core = cls(con, reader, index, tail, writer, policy, hosts_sql, settings)
@@ -121,6 +126,7 @@ class Core:
         return con
 
     async def close(self) -> None:
+        await self.policy.close()
         await self.writer.stop()
         await self.reader.close()  # interrupts what still reads and waits for it
         self.con.close()

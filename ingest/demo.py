@@ -19,11 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-import orjson
+from ingest.client import Client, ClientError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,13 +117,6 @@ def _agent(args: list[str], env: dict[str, str], log: Path) -> int:
                               timeout=300).returncode
 
 
-def _post(server: str, path: str, doc, token: str | None) -> dict:
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    request = urllib.request.Request(server + path, data=orjson.dumps(doc), headers=headers, method="POST")
-    with urllib.request.urlopen(request, timeout=60) as r:
-        return orjson.loads(r.read())
-
-
 def gpu_samples(profile: Profile, started: float, ended: float) -> list[dict]:
     """What the GPU did during the benchmark, one sample a second, shaped by the outcome."""
     labels = {"gpu": "0", "UUID": f"GPU-{profile.machine_id:08x}-demo", "modelName": f"NVIDIA {profile.gpu_model}",
@@ -156,7 +147,7 @@ def gpu_samples(profile: Profile, started: float, ended: float) -> list[dict]:
     return samples
 
 
-def run_instance(profile: Profile, server: str, token: str | None, workdir: Path) -> str:
+def run_instance(profile: Profile, client: Client, workdir: Path) -> str:
     home = workdir / profile.instance_id
     home.mkdir(parents=True)
     daemon_log = home / "cuzk-bench-daemon.log"
@@ -169,14 +160,14 @@ def run_instance(profile: Profile, server: str, token: str | None, workdir: Path
     )
     env = {
         **os.environ,
-        "FLEETLOG_SERVER": server,
+        "FLEETLOG_SERVER": client.server,
         "FLEETLOG_INSTANCE_ID": profile.instance_id,
         "FLEETLOG_AGENT_SPOOL": str(home / "spool"),
         "FLEETLOG_AGENT_POLL_INTERVAL_S": "0.05",
         "FLEETLOG_AGENT_FLUSH_TIMEOUT_S": "60",
     }
-    if token:
-        env["FLEETLOG_TOKEN"] = token
+    if client.token:
+        env["FLEETLOG_TOKEN"] = client.token
     log = home / "agent.log"
     identity = [f"machine_id={profile.machine_id}", f"host_id={profile.machine_id * 10 + 7}",
                 f"gpu_model={profile.gpu_model}", "gpu_count=1", f"dph={profile.dph}", f"location={profile.location}"]
@@ -187,30 +178,30 @@ def run_instance(profile: Profile, server: str, token: str | None, workdir: Path
     code = _agent(["run", "--no-register", "--tail", f"benchdaemon={daemon_log}", "--proofs", "12",
                    "--concurrency", "3", "--partition-workers", "16", "--", str(bench), "12"], env, log)
     ended = time.time()
-    _post(server, "/api/v1/metrics", {"instance_id": profile.instance_id, "samples": gpu_samples(profile, started, ended)}, token)
+    client.post("/api/v1/metrics", {"instance_id": profile.instance_id, "samples": gpu_samples(profile, started, ended)})
     if code == 0 and profile.outcome == "healthy":
         _agent(["event", "running"], env, log)
     return f"{profile.instance_id}  machine {profile.machine_id:<6} {profile.gpu_model:<13} {profile.outcome:<9} exit {code}"
 
 
-def run(server: str, token: str | None, keep: bool = False) -> int:
-    server = server.rstrip("/")
+def run(client: Client, keep: bool = False) -> int:
+    server = client.server
     try:
-        urllib.request.urlopen(server + "/readyz", timeout=5).close()
-    except OSError as e:
-        print(f"fleetlog demo: no server at {server} ({e}); start one with `make run`", file=sys.stderr)
+        client.ready()
+    except ClientError as e:
+        print(f"fleetlog demo: no server at {server} ({e.message}); start one with `make run`", file=sys.stderr)
         return 1
     workdir = Path(tempfile.mkdtemp(prefix="fleetlog-demo-"))
     started = time.monotonic()
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(FLEET)) as pool:
-            for line in pool.map(lambda p: run_instance(p, server, token, workdir), FLEET):
+            for line in pool.map(lambda p: run_instance(p, client, workdir), FLEET):
                 print(line, flush=True)
         try:
-            report = _post(server, "/api/v1/policy/run", {}, token)
+            report = client.post("/api/v1/policy/run")
             print(f"policies: {len(report['new_decisions'])} new decisions, {report['classified']} failures classified")
-        except urllib.error.HTTPError as e:
-            print(f"policies not run ({e.code}: the admin token runs them); they run on the server's timer", file=sys.stderr)
+        except ClientError as e:
+            print(f"policies not run ({e.status}: the admin token runs them); they run on the server's timer", file=sys.stderr)
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -8,11 +8,15 @@
         ├── Unauthorized       401
         ├── Forbidden          403
         ├── NotFound           404
+        ├── BodyTimeout        408: a body not received within http_body_timeout_s
+        ├── Conflict           409: the enrollment token registering an instance that exists
+        ├── ClientGone         499: the client closed the connection mid-body (counted, not answered)
         ├── PayloadTooLarge    413: body over max_body_bytes, before or after gzip
         ├── QueryError         400: the SQL API refused or failed a query
         ├── QueryTimeout       408: a read query ran past query_timeout_s
         ├── Overloaded         503 with Retry-After: the writer queue is full
         │   └── StorageUnavailable  503: the database cannot write (disk full); it is being reopened
+        ├── RateLimited        429 with Retry-After: an instance over instance_max_rows_per_s
         └── TooManyQueries     429 with Retry-After: query_max_concurrent SQL queries already run
 """
 
@@ -102,3 +106,25 @@ class StorageUnavailable(Overloaded):
 
     def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
         super().__init__(message, retry_after_s=retry_after_s)
+
+
+class BodyTimeout(RequestError):
+    status = 408
+    reason = "body_timeout"
+
+
+class Conflict(RequestError):
+    status = 409
+    reason = "conflict"
+
+
+class ClientGone(RequestError):
+    """The client closed the connection before its body arrived (nobody reads the answer)."""
+
+    status = 499
+    reason = "client_disconnected"
+
+
+class RateLimited(RequestError):
+    status = 429
+    reason = "rate_limited"

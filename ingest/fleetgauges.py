@@ -1,15 +1,19 @@
 """Fleet gauges on /metrics, read from the database at scrape time (prometheus-client Collector).
 
 So that Grafana can draw the fleet through Prometheus: instances by state, best benchmark rate per
-machine, bad and eligible machines, failed runs by class, instances with incomplete logs, decisions
-by action and state. Each scrape runs a few small queries on a cursor of the Reader (``ingest/reader.py``),
-with a deadline.
+machine, bad and eligible machines, failed runs by class, failed instances by phase, instances with
+incomplete logs, decisions by action and state, and the free space of the database's volume. Each
+scrape runs a few small queries on a cursor of the Reader (``ingest/reader.py``), with a deadline.
+"Failed", "hung" and "logs complete" are the views of migration 005 (bench_outcomes, instance_phase,
+instance_logs), the same definitions the rules, the canned questions and the read API use.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 import orjson
@@ -19,30 +23,27 @@ from prometheus_client.registry import Collector
 
 from ingest import reads
 from ingest.policy import utcnow
-from ingest.streams import StreamIndex
 
 if TYPE_CHECKING:
     from ingest.reader import Reader
 
 logger = logging.getLogger(__name__)
 
-INSTANCES_BY_STATE = "SELECT coalesce(s.state, 'unknown'), count(*) FROM instances i LEFT JOIN instance_state s USING (instance_id) GROUP BY 1"
-FAILED_BY_CLASS = """SELECT coalesce(failure_class, 'unclassified'), count(*) FROM bench_runs
-                     WHERE done_at IS NOT NULL AND (exit_code IS DISTINCT FROM 0 OR coalesce(rate_per_hour, 0) <= 0) GROUP BY 1"""
+# per lifecycle phase: instances, those alive whose latest step failed (by the phase it failed in), and
+# those whose logs are expected and not complete; one pass over instance_phase (migration 005)
+INSTANCES = """SELECT phase, CASE WHEN phase <> 'killed' THEN failed_phase END, logs_incomplete, count(*)
+               FROM instance_phase GROUP BY ALL"""
+FAILED_BY_CLASS = "SELECT coalesce(failure_class, 'unclassified'), count(*) FROM bench_outcomes WHERE failed GROUP BY 1"
 DECISIONS = "SELECT action, state, count(*) FROM decisions GROUP BY 1, 2"
-# benchmarked instances without a logs_complete event
-UNDECLARED = """SELECT DISTINCT b.instance_id FROM bench_runs b WHERE b.done_at IS NOT NULL AND NOT EXISTS
-                (SELECT 1 FROM events e WHERE e.instance_id = b.instance_id AND e.kind = 'logs_complete')"""
 
 
 class FleetCollector(Collector):
-    def __init__(self, reader: "Reader", index: StreamIndex, hosts_sql: str, min_rate: float,
-                 timeout_s: float) -> None:
+    def __init__(self, reader: "Reader", hosts_sql: str, min_rate: float, timeout_s: float, db_path: str | Path) -> None:
         self.reader = reader
-        self.index = index
         self.hosts_sql = hosts_sql
         self.min_rate = min_rate
         self.timeout_s = timeout_s
+        self.db_dir = Path(db_path).resolve().parent
 
     def collect(self) -> Iterable[Metric]:
         try:
@@ -52,14 +53,20 @@ class FleetCollector(Collector):
 
     def _collect(self) -> Iterable[Metric]:
         with reads.deadline_cursor(self.reader, self.timeout_s) as cur:
-            by_state = cur.execute(INSTANCES_BY_STATE).fetchall()
+            instances = cur.execute(INSTANCES).fetchall()
             failed = cur.execute(FAILED_BY_CLASS).fetchall()
             decisions = cur.execute(DECISIONS).fetchall()
-            undeclared = {row[0] for row in cur.execute(UNDECLARED).fetchall()}
         hosts = reads.hosts(self.reader, self.timeout_s, self.hosts_sql, self.min_rate, utcnow())
 
+        by_state: dict[str, int] = {}
+        failed_phase: dict[str, int] = {}
+        for phase, failed_in, logs_incomplete, n in instances:
+            by_state[phase] = by_state.get(phase, 0) + n
+            if failed_in is not None:
+                failed_phase[failed_in] = failed_phase.get(failed_in, 0) + n
+        incomplete = sum(n for _phase, _failed_in, logs_incomplete, n in instances if logs_incomplete)
         g = GaugeMetricFamily("fleetlog_fleet_instances", "Instances by lifecycle state", labels=["state"])
-        for state, n in by_state:
+        for state, n in sorted(by_state.items()):
             g.add_metric([state], n)
         yield g
         yield _per_machine(hosts, "best_rate", "fleetlog_fleet_best_rate_proofs_per_hour", "Best benchmark rate per machine")
@@ -76,14 +83,29 @@ class FleetCollector(Collector):
         for failure_class, n in failed:
             g.add_metric([failure_class], n)
         yield g
-        with_gaps = {i for i in self.index.instances() if any(s.gaps for s in self.index.summaries(i))}
+        g = GaugeMetricFamily("fleetlog_fleet_failed_instances",
+                              "Instances not killed whose latest step failed, by phase (params, benchmark)", labels=["phase"])
+        for phase, n in sorted(failed_phase.items()):
+            g.add_metric([phase], n)
+        yield g
         yield GaugeMetricFamily("fleetlog_fleet_incomplete_log_instances",
-                                "Instances with a gap in a log stream, or benchmarked without logs_complete",
-                                value=len(with_gaps | undeclared))
+                                "Instances whose logs are expected and not complete (instance_logs.incomplete: "
+                                "no logs_complete, a gap, or lines the agent dropped)", value=incomplete)
         g = GaugeMetricFamily("fleetlog_policy_decisions", "Decisions by action and state", labels=["action", "state"])
         for action, state, n in decisions:
             g.add_metric([action, state], n)
         yield g
+        yield from _storage(self.db_dir)
+
+
+def _storage(directory: Path) -> Iterable[Metric]:
+    try:
+        usage = shutil.disk_usage(directory)
+    except OSError:
+        logger.exception("free space of %s unavailable for this scrape", directory)
+        return
+    yield GaugeMetricFamily("fleetlog_storage_free_bytes", "Free bytes on the database's volume", value=usage.free)
+    yield GaugeMetricFamily("fleetlog_storage_size_bytes", "Size in bytes of the database's volume", value=usage.total)
 
 
 def _per_machine(hosts: list[dict], field: str, name: str, help_text: str) -> GaugeMetricFamily:

@@ -5,16 +5,26 @@ A rule file opens with a comment header (``-- rule:``, ``-- decides:``/``-- answ
 each result becomes a temporary table named after the rule, so later rules can read earlier ones.
 Outputs:
 
-- ``classify``: (instance_id, done_at, failure_class, failure_line) rows, stored on bench_runs before
-  the other rules run;
+- ``classify``: (instance_id, done_at, failure_class, failure_line, final) rows, stored on bench_runs
+  before the other rules run; a class is rewritten on every run until it is final (a class follows
+  its evidence);
 - ``table``: kept for later rules (and read by the hosts API);
 - ``decisions``: (subject, action, reason, evidence, episode, expires_at) rows, stored once per
-  (rule, subject, episode) in ``decisions``.
+  (rule, subject, episode) in ``decisions``; while a decision is proposed (or is a verdict fleetlog
+  acts on itself), a later run that decides it again with another reason or evidence (the class
+  changed) updates it, so what depends on the class carries the current one.
+
+The rules read the views of migration 005 (log_streams, instance_logs, bench_outcomes,
+instance_phase, failures), the one definition of "logs complete", "failed" and "hung"; the values
+those views compare against (min_rate, bench_timeout_s) are written by ``store_settings`` at start-up.
 
 Verdicts that only fleetlog acts on (``exclude_host``, ``mark_stale``) are recorded as executed.
 ``destroy`` and ``delete_logs`` stay ``proposed`` until a run with ``execute``: then at most
 ``destroy_cap_per_cycle`` destroys go to the actuator; a failed one is retried on later runs until
-``actuator_retries`` attempts, then marked ``failed``. Everything is written through the writer.
+``actuator_retries`` attempts, then marked ``failed``. Right before a destroy is carried out its
+rule is evaluated again on current data: if it no longer selects the subject, the decision becomes
+``superseded`` and is never executed. A decision proposed, superseded, executed or failed is sent to
+the notifier (``notify_webhook_url``). Everything is written through the writer.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import orjson
 from ingest.actuator import ActuationError, Actuator
 from ingest.codec import Event, now_us
 from ingest.errors import ConfigError, QueryError
+from ingest.notify import Notifier
 from ingest.observe import IngestMetrics
 from ingest.reads import check_select, deadline_cursor
 from ingest.streams import StreamIndex
@@ -46,7 +57,7 @@ logger = logging.getLogger(__name__)
 
 OUTPUTS = {"classify", "table", "decisions"}
 INTERNAL_ACTIONS = {"exclude_host", "mark_stale"}  # recorded as executed: nothing leaves fleetlog
-PARAM_NAMES = {"min_rate", "destroy_grace_s", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "now"}
+PARAM_NAMES = {"min_rate", "destroy_grace_s", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "exclude_repeats", "now"}
 _HEADER = re.compile(r"^--\s*([a-z_]+):\s*(.*)$")
 _PARAM = re.compile(r"\$([a-z_]+)")
 
@@ -98,12 +109,25 @@ class PolicyParams:
     bad_host_ttl_s: float
     stale_ttl_s: float
     retention_s: float
+    exclude_repeats: int = 2
+    bench_timeout_s: float = 3600.0
 
     def values(self, now: dt.datetime) -> dict[str, Any]:
         return {
             "min_rate": self.min_rate, "destroy_grace_s": self.destroy_grace_s, "bad_host_ttl_s": self.bad_host_ttl_s,
-            "stale_ttl_s": self.stale_ttl_s, "retention_s": self.retention_s, "now": now,
+            "stale_ttl_s": self.stale_ttl_s, "retention_s": self.retention_s, "exclude_repeats": self.exclude_repeats,
+            "now": now,
         }
+
+
+def store_settings(con: duckdb.DuckDBPyConnection, params: PolicyParams) -> None:
+    """Write the values the views of migration 005 compare against (``policy_settings``); called on
+    the write connection at start-up, before the writer thread owns it."""
+    con.execute(
+        """INSERT OR REPLACE INTO policy_settings (name, value, set_at)
+           SELECT * FROM (VALUES ('min_rate', ?::DOUBLE, ?::TIMESTAMP), ('bench_timeout_s', ?::DOUBLE, ?::TIMESTAMP))""",
+        [params.min_rate, utcnow(), params.bench_timeout_s, utcnow()],
+    )
 
 
 @dataclass
@@ -111,6 +135,8 @@ class CycleReport:
     execute: bool
     classified: int = 0
     new_decisions: list[int] = field(default_factory=list)
+    updated: list[int] = field(default_factory=list)
+    superseded: list[int] = field(default_factory=list)
     executed: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
@@ -139,6 +165,8 @@ class PolicyEngine:
         destroy_cap_per_cycle: int,
         actuator_retries: int,
         query_timeout_s: float,
+        notify_webhook_url: str = "",
+        notify_timeout_s: float = 10.0,
     ) -> None:
         self.con = con
         self.writer = writer
@@ -152,6 +180,7 @@ class PolicyEngine:
         self.retries = actuator_retries
         self.timeout_s = query_timeout_s
         self._lock = asyncio.Lock()  # one cycle at a time: the timer and an operator's run never overlap
+        self.notifier = Notifier(notify_webhook_url, notify_timeout_s, metrics.registry)
 
     # -- one cycle -------------------------------------------------------------------------------
     async def run_cycle(self, execute: bool, now: dt.datetime | None = None) -> CycleReport:
@@ -165,12 +194,15 @@ class PolicyEngine:
                     if rule.output == "classify":
                         rows = await asyncio.to_thread(self._select, rule, params)
                         if rows:
-                            await self.writer.execute(lambda con, rows=rows: _store_classes(con, rows), kind="policy")
+                            await self.writer.execute(lambda con, rows=rows: _store_classes(con, rows, now), kind="policy")
                         report.classified += len(rows)
                 decided = await asyncio.to_thread(self._evaluate, params)
-                report.new_decisions = await self.writer.execute(
+                report.new_decisions, report.updated = await self.writer.execute(
                     lambda con: _store_decisions(con, decided, now), kind="policy"
                 )
+                if report.new_decisions and self.notifier.enabled:
+                    for decision in await asyncio.to_thread(self._decisions, report.new_decisions):
+                        self.notifier.send(decision["state"], decision)
                 if execute:
                     await self._carry_out(report, now)
             except Exception:
@@ -178,7 +210,7 @@ class PolicyEngine:
                 raise
             self.metrics.policy_runs.labels(result="ok").inc()
             self.metrics.policy_seconds.observe(time.perf_counter() - started)
-            if report.new_decisions or report.executed or report.failed:
+            if report.new_decisions or report.executed or report.failed or report.superseded:
                 logger.info("policy run: %s", report.as_dict())
             return report
 
@@ -186,7 +218,8 @@ class PolicyEngine:
         with deadline_cursor(self.con, self.timeout_s) as cur:
             return cur.execute(rule.sql, {p: params[p] for p in rule.params}).fetchall()
 
-    def _evaluate(self, params: dict[str, Any]) -> list[tuple[Rule, tuple]]:
+    def _evaluate(self, params: dict[str, Any], through: str | None = None) -> list[tuple[Rule, tuple]]:
+        """Run the rules in order (``through``: stop after that one; later rules cannot change it)."""
         decided = []
         with deadline_cursor(self.con, self.timeout_s) as cur:
             for rule in self.rules:
@@ -198,6 +231,8 @@ class PolicyEngine:
                         f'SELECT subject, action, reason, evidence, episode, expires_at FROM "{rule.name}"'
                     ).fetchall()
                     decided.extend((rule, row) for row in rows)
+                if rule.name == through:
+                    break
         return decided
 
     async def _carry_out(self, report: CycleReport, now: dt.datetime) -> None:
@@ -226,6 +261,14 @@ class PolicyEngine:
             await self._settle(decision, "skipped", "instance already killed", now)
             report.skipped.append(decision["id"])
             return
+        current = await asyncio.to_thread(self._recheck, decision, now)
+        if current is None:
+            await self._settle(decision, "superseded", f"rule {decision['rule']} no longer selects {decision['subject']}", now)
+            report.superseded.append(decision["id"])
+            logger.warning("destroy of %s superseded: rule %s no longer selects it (%s)", decision["subject"],
+                           decision["rule"], decision["reason"])
+            return
+        decision["reason"], decision["evidence"] = current  # carried out with what holds now
         try:
             confirmation = await self.actuator.carry_out(decision)
         except ActuationError as e:
@@ -236,7 +279,7 @@ class PolicyEngine:
             if final:
                 report.failed.append(decision["id"])
             return
-        await self._settle(decision, "executed", None, now)
+        await self._settle(decision, "executed", confirmation, now)
         report.executed.append(decision["id"])
         killed = Event(decision["subject"], "killed", now_us(),
                        {"instance_id": decision["subject"], "kind": "killed", "by": "policy",
@@ -244,17 +287,48 @@ class PolicyEngine:
         await self.writer.submit(events=[killed], kind="events")
         logger.warning("destroyed %s (%s): %s", decision["subject"], decision["reason"], confirmation)
 
-    async def _settle(self, decision: dict[str, Any], state: str, error: str | None, now: dt.datetime) -> None:
+    async def _settle(self, decision: dict[str, Any], state: str, note: str | None, now: dt.datetime) -> None:
+        """Record what became of a decision; ``note`` is the error of a failed attempt, or why it was
+        superseded (stored as last_error); an executed one keeps the evidence it was carried out with."""
         self.metrics.policy_decisions.labels(action=decision["action"], state=state).inc()
+        error = None if state == "executed" else note
+        evidence = orjson.dumps(decision["evidence"], default=str).decode()
 
         def update(con: duckdb.DuckDBPyConnection) -> None:
             con.execute(
                 """UPDATE decisions SET state = ?, attempts = attempts + ?, last_error = ?,
-                   executed_at = CASE WHEN ? = 'executed' THEN ?::TIMESTAMP ELSE executed_at END WHERE id = ?""",
-                [state, 0 if state == "skipped" else 1, error, state, now, decision["id"]],
+                   executed_at = CASE WHEN ? = 'executed' THEN ?::TIMESTAMP ELSE executed_at END,
+                   reason = CASE WHEN ? = 'executed' THEN ? ELSE reason END,
+                   evidence = CASE WHEN ? = 'executed' THEN ?::JSON ELSE evidence END WHERE id = ?""",
+                [state, 0 if state in ("skipped", "superseded") else 1, error, state, now, state, decision["reason"],
+                 state, evidence, decision["id"]],
             )
 
         await self.writer.execute(update, kind="policy")
+        if state in ("executed", "failed", "superseded"):
+            self.notifier.send(state, {**decision, "state": state, "note": note})
+
+    def _recheck(self, decision: dict[str, Any], now: dt.datetime) -> tuple[str, Any] | None:
+        """Evaluate the rules again on current data: the (reason, evidence) with which the decision's
+        rule selects its subject for its action now, or None when it no longer does."""
+        current = self._evaluate(self.params.values(now), through=decision["rule"])
+        for rule, (subject, action, reason, evidence, _episode, _expires_at) in current:
+            if rule.name == decision["rule"] and str(subject) == decision["subject"] and action == decision["action"]:
+                return reason, orjson.loads(evidence)
+        return None
+
+    def _decisions(self, ids: list[int]) -> list[dict[str, Any]]:
+        with deadline_cursor(self.con, self.timeout_s) as cur:
+            cur.execute("SELECT * FROM decisions WHERE id IN (SELECT unnest(?::BIGINT[])) ORDER BY id", [ids])
+            names = [d[0] for d in cur.description]
+            out = [dict(zip(names, row)) for row in cur.fetchall()]
+        for d in out:
+            d["evidence"] = orjson.loads(d["evidence"])
+        return out
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Let the notifications in flight finish (at most ``timeout_s``)."""
+        await self.notifier.drain(timeout_s)
 
     def _proposed(self) -> list[dict[str, Any]]:
         with deadline_cursor(self.con, self.timeout_s) as cur:
@@ -297,19 +371,36 @@ class PolicyEngine:
                 next_at += missed * interval_s
 
 
-def _store_classes(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> int:
-    for instance_id, done_at, failure_class, failure_line in rows:
+def _store_classes(con: duckdb.DuckDBPyConnection, rows: list[tuple], now: dt.datetime) -> int:
+    """Write each run's current class and the line that decided it, until the class is final."""
+    for instance_id, done_at, failure_class, failure_line, final in rows:
         con.execute(
-            "UPDATE bench_runs SET failure_class = ?, failure_line = ? WHERE instance_id = ? AND done_at = ? AND failure_class IS NULL",
-            [failure_class, failure_line, instance_id, done_at],
+            """UPDATE bench_runs SET failure_class = ?, failure_line = ?, class_final = ?, classified_at = ?
+               WHERE instance_id = ? AND done_at = ? AND NOT coalesce(class_final, false)""",
+            [failure_class, failure_line, bool(final), now, instance_id, done_at],
         )
     return len(rows)
 
 
-def _store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple[Rule, tuple]], now: dt.datetime) -> list[int]:
-    new_ids = []
+def _store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple[Rule, tuple]], now: dt.datetime
+                     ) -> tuple[list[int], list[int]]:
+    """Insert what is new; a decision still proposed, or a verdict fleetlog acts on itself, decided again
+    with another reason or evidence takes the new ones. Returns (new ids, updated ids)."""
+    new_ids, updated = [], []
     for rule, (subject, action, reason, evidence, episode, expires_at) in decided:
         internal = action in INTERNAL_ACTIONS
+        held = con.execute(
+            "SELECT id, state, reason, evidence::VARCHAR FROM decisions WHERE rule = ? AND subject = ? AND episode = ?",
+            [rule.name, str(subject), episode],
+        ).fetchone()
+        if held:
+            decision_id, state, held_reason, held_evidence = held
+            changed = held_reason != reason or orjson.loads(held_evidence) != orjson.loads(evidence)
+            if changed and (state == "proposed" or (internal and state == "executed")):
+                con.execute("UPDATE decisions SET reason = ?, evidence = ?, rule_sha = ? WHERE id = ?",
+                            [reason, evidence, rule.sha, decision_id])
+                updated.append(decision_id)
+            continue
         row = con.execute(
             """INSERT INTO decisions (rule, rule_sha, subject, action, reason, evidence, episode, decided_at, expires_at,
                                       state, executed_at)
@@ -320,7 +411,7 @@ def _store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple[Rule, t
         ).fetchone()
         if row:
             new_ids.append(row[0])
-    return new_ids
+    return new_ids, updated
 
 
 def _delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str) -> int:

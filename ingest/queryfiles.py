@@ -64,3 +64,32 @@ def bind(sql: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> dic
         else:
             raise QueryError(f"params: the query needs ${name}; give it (e.g. --param {name}=...)")
     return params
+
+
+_HEADER = re.compile(r"^--\s?(.*)$")
+
+
+def describe(path: Path, queries_dir: Path) -> dict[str, Any]:
+    """A canned question for the page: its name, what it answers (the opening comment, up to the
+    ``params:`` line), the parameters it takes, and its SQL with what it needs in front."""
+    path = Path(path)
+    about: list[str] = []
+    for line in path.read_text().splitlines():
+        match = _HEADER.match(line)
+        if not match or match.group(1).lstrip().startswith(("params:", "needs:")):
+            break
+        about.append(match.group(1).strip())
+    text = " ".join(about)
+    prefix = f"{path.stem}:"
+    sql = compose(path, queries_dir)
+    return {
+        "name": path.stem,
+        "description": text[len(prefix):].strip() if text.startswith(prefix) else text,
+        "params": sorted(set(_PARAM.findall(sql))),
+        "sql": sql,
+    }
+
+
+def catalogue(queries_dir: Path) -> list[dict[str, Any]]:
+    """Every canned question of ``queries_dir`` (not the rules of policies/), by name."""
+    return [describe(p, queries_dir) for p in sorted(Path(queries_dir).glob("*.sql"))]

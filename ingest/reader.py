@@ -135,39 +135,42 @@ class Reader:
 
     # -- the API's reads -------------------------------------------------------------------------
     async def instances(self, state: str | None) -> list[dict[str, Any]]:
-        """Instances, each with ``logs``: how many sources, and which of them are incomplete."""
+        """Instances, each with ``logs``: how many sources, which of them are incomplete, and whether the
+        instance's logs are complete (the log_streams and instance_logs views, migration 005)."""
         rows = await self._run("instances", reads.list_instances, state)
-        marks = await self._run("instances", reads.logs_complete_marks)
+        completeness = await self._run("instances", reads.log_streams)
         for row in rows:
-            summary = self.log_summary(row["instance_id"], marks.get(row["instance_id"], {}))
-            row["logs"] = {"sources": len(summary), "incomplete": sorted(s for s, e in summary.items() if not e["complete"])}
+            own = completeness.get(row["instance_id"], {"complete": False, "streams": []})
+            summary = self.log_summary(row["instance_id"], own["streams"])
+            row["logs"] = {"sources": len(summary), "incomplete": sorted(s for s, e in summary.items() if not e["complete"]),
+                           "complete": own["complete"]}
         return rows
 
     async def instance(self, instance_id: str) -> dict[str, Any] | None:
         detail = await self._run("instance", reads.instance_detail, instance_id)
         if detail is None:
             return None
-        marks = (await self._run("instance", reads.logs_complete_marks, instance_id)).get(instance_id, {})
+        own = (await self._run("instance", reads.log_streams, instance_id)).get(instance_id, {"complete": False, "streams": []})
         runs = detail.pop("bench_runs")
         detail["bench"] = runs[-1] if runs else None
         detail["bench_runs"] = runs
-        detail["logs"] = self.log_summary(instance_id, marks)
+        detail["logs"] = self.log_summary(instance_id, own["streams"])
+        detail["logs_complete"] = own["complete"]
         return detail
 
-    def log_summary(self, instance_id: str, marks: dict[tuple[str, str], int]) -> dict:
-        """Per source, the latest run's lines, last seq, gaps, and whether logs_complete covers it."""
+    def log_summary(self, instance_id: str, streams: list[dict]) -> dict:
+        """Per source, the latest run's lines, last seq, gaps, declared last seq and dropped count; the
+        source is complete when every run of it is (the ``log_streams`` view decides, see migration 005)."""
+        gaps = {(s.source, s.run_id): [list(g) for g in s.gaps] for s in self.index.summaries(instance_id)}
         latest: dict[str, dict] = {}
-        for s in self.index.summaries(instance_id):  # sorted by (source, run_id)
-            latest[s.source] = {"run_id": s.run_id, "lines": s.lines, "last_seq": s.last_seq, "gaps": [list(g) for g in s.gaps]}
-        for (source, run_id), last in marks.items():
-            entry = latest.get(source)
-            if entry is None or run_id > entry["run_id"]:
-                latest[source] = {"run_id": run_id, "lines": 0, "last_seq": None, "gaps": [[0, last]] if last >= 0 else []}
-        for source, entry in latest.items():
-            declared = marks.get((source, entry["run_id"]))
-            stored_last = -1 if entry["last_seq"] is None else entry["last_seq"]
-            entry["declared_last_seq"] = declared
-            entry["complete"] = declared is not None and not entry["gaps"] and stored_last == declared
+        for s in streams:  # sorted by (source, run_id)
+            stored_last = -1 if s["last_seq"] is None else s["last_seq"]
+            declared = s["declared_last_seq"]
+            missing_tail = [[stored_last + 1, declared]] if declared is not None and stored_last < declared else []
+            complete = s["complete"] and latest.get(s["source"], {}).get("complete", True)
+            latest[s["source"]] = {"run_id": s["run_id"], "lines": s["lines"], "last_seq": s["last_seq"],
+                                   "gaps": gaps.get((s["source"], s["run_id"]), []) + missing_tail,
+                                   "declared_last_seq": declared, "dropped": s["dropped"], "complete": complete}
         return latest
 
     async def logs(self, instance_id: str, *, source: str | None, run_id: str | None, q: str | None, tail: int,

@@ -61,13 +61,13 @@ def _dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 INSTANCES_SQL = """
 SELECT i.instance_id, coalesce(s.state, 'unknown') AS state, s.state_since, i.machine_id, i.host_id,
        i.gpu_model, i.gpu_count, i.dph, i.location, i.first_seen, i.last_seen,
-       b.rate_per_hour, b.exit_code, b.failure_class, b.failure_line
+       b.rate_per_hour, b.exit_code, b.failure_class, b.failure_line, p.outcome, p.failed_phase
 FROM instances i
 LEFT JOIN instance_state s USING (instance_id)
-LEFT JOIN (  -- the latest run, finished or not
-    SELECT instance_id, rate_per_hour, exit_code, failure_class, failure_line FROM bench_runs
-    QUALIFY row_number() OVER (PARTITION BY instance_id ORDER BY coalesce(done_at, started_at) DESC) = 1
+LEFT JOIN (  -- the latest run, finished or not (bench_outcomes, migration 005)
+    SELECT instance_id, rate_per_hour, exit_code, failure_class, failure_line FROM bench_outcomes WHERE latest
 ) b USING (instance_id)
+LEFT JOIN instance_phase p USING (instance_id)  -- the latest step's outcome, and the phase it failed in
 {where}
 ORDER BY i.last_seen DESC
 """
@@ -174,21 +174,29 @@ def load_tail(con, timeout_s: float, instance_id: str, source: str, n: int,
     return tail, complete and len(found) <= n
 
 
-def logs_complete_marks(con, timeout_s: float, instance_id: str | None = None) -> dict[str, dict[tuple[str, str], int]]:
-    """Per instance, the last seq its ``logs_complete`` events declared per (source, run_id) (the
-    highest wins); every instance's when ``instance_id`` is None."""
-    where, params = ("AND instance_id = ?", [instance_id]) if instance_id is not None else ("", [])
+# -- log completeness: the log_streams and instance_logs views (migration 005) decide it ----------------
+LOG_STREAMS_SQL = """
+SELECT s.instance_id, s.source, s.run_id, s.lines, s.last_seq, s.declared_last_seq, s.dropped, s.missing, s.complete,
+       l.complete AS instance_complete
+FROM log_streams s JOIN instance_logs l USING (instance_id)
+{where}
+ORDER BY s.instance_id, s.source, s.run_id
+"""
+
+
+def log_streams(con, timeout_s: float, instance_id: str | None = None) -> dict[str, dict[str, Any]]:
+    """Per instance, its streams as the ``log_streams`` view sees them (sorted by source, run_id) and
+    whether its logs are complete (``instance_logs``); every instance's when ``instance_id`` is None."""
+    where, params = ("WHERE s.instance_id = ?", [instance_id]) if instance_id is not None else ("", [])
     with deadline_cursor(con, timeout_s) as cur:
-        cur.execute(f"SELECT instance_id, body FROM events WHERE kind = 'logs_complete' {where}", params)
-        marks: dict[str, dict[tuple[str, str], int]] = {}
-        for instance, body in cur.fetchall():
-            doc = orjson.loads(body)
-            run_id = doc.get("run_id", "0")
-            own = marks.setdefault(instance, {})
-            for source, last in doc.get("sources", {}).items():
-                if last is not None:
-                    own[(source, run_id)] = max(last, own.get((source, run_id), -1))
-        return marks
+        cur.execute(LOG_STREAMS_SQL.format(where=where), params)
+        out: dict[str, dict[str, Any]] = {}
+        for row in _dicts(cur):
+            own = out.setdefault(row.pop("instance_id"), {"complete": row["instance_complete"], "streams": []})
+            del row["instance_complete"]
+            own["streams"].append(row)
+        return out
+# -- end of log completeness ----------------------------------------------------------------------------
 
 
 # Table functions user SQL may call: generators over values, nothing that reads a file, the network,

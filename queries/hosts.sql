@@ -15,7 +15,7 @@ rule_exclusions AS (
            max((evidence->>'done_at')::TIMESTAMP) AS failed_at,
            max(expires_at) AS expires_at
     FROM decisions
-    WHERE action = 'exclude_host' AND (expires_at IS NULL OR expires_at > $now::TIMESTAMP)
+    WHERE action = 'exclude_host' AND state = 'executed' AND (expires_at IS NULL OR expires_at > $now::TIMESTAMP)
     GROUP BY 1
 ),
 verdicts AS (

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +22,19 @@ from ingest.config import Settings
 from ingest.keys import WRITER
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+SUBPROCESS_FIXTURES = {"server_process", "agent", "prometheus", "page"}
+
+
+@pytest.fixture(autouse=True)
+def collect_what_subprocess_tests_leave(request):
+    """A test that drove subprocesses collects its garbage before it ends: a pipe or transport it
+    left unclosed then fails that test (filterwarnings = error), not whichever test the garbage
+    collector happens to run in later (under load, tests/test_malformed_bodies.py's long loop)."""
+    yield
+    if SUBPROCESS_FIXTURES.intersection(request.fixturenames):
+        gc.collect()
 
 
 @pytest.fixture
@@ -59,6 +75,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group of ``proc`` (started with start_new_session=True) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
+    """SIGTERM the process group of ``proc``; SIGKILL it if ``proc`` has not exited after ``timeout_s``.
+    Whatever else is left in the group is killed too."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    kill_group(proc)
+
+
 class ServerProcess:
     """``fleetlog serve`` in a subprocess, on a free loopback port."""
 
@@ -80,6 +115,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=REPO,
+                start_new_session=True,  # its own process group, killed with it
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -94,18 +130,12 @@ class ServerProcess:
         raise RuntimeError(f"server not ready after {timeout_s} s: {self.log.read_text()[-2000:]}")
 
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc:
+            kill_group(self.proc)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_group(self.proc)
 
 
 @pytest.fixture

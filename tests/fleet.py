@@ -74,3 +74,84 @@ async def incident(client, done: dt.datetime, *, logs_complete: bool) -> None:
 async def complete_logs(client, instance_id: str, done: dt.datetime, sources: dict[str, int]) -> None:
     await post(client, "/api/v1/events", {"instance_id": instance_id, "kind": "logs_complete",
                                            "ts": iso(done + dt.timedelta(seconds=1)), "sources": sources})
+
+
+async def log_push(client, instance_id: str, source: str, lines: list[str]) -> None:
+    """The old manager's plain-text endpoint: the server numbers the lines and stamps them on arrival."""
+    r = await client.post("/api/log-push", data="\n".join(lines).encode() + b"\n",
+                          headers={"X-Instance-Id": instance_id, "X-Log-Source": source})
+    assert r.status == 200, (r.status, await r.text())
+
+
+async def params_failure(client, instance_id: str, machine_id: int, *, at: dt.datetime, exit_code: int = 2) -> None:
+    """registered -> params_done with a non-zero exit code (the ~56 GiB parameter fetch failed)."""
+    await post(client, "/api/v1/events", [
+        {"instance_id": instance_id, "kind": "registered", "ts": iso(at - dt.timedelta(minutes=4)),
+         "machine_id": machine_id, "host_id": machine_id * 10, "gpu_model": "RTX 3090", "gpu_count": 1, "dph": 0.3},
+        {"instance_id": instance_id, "kind": "params_done", "ts": iso(at), "exit_code": exit_code},
+    ])
+
+
+async def hung_instance(client, instance_id: str, machine_id: int, *, started: dt.datetime) -> None:
+    """registered -> params_done -> bench_started, and nothing after: no bench_done ever came."""
+    await post(client, "/api/v1/events", [
+        {"instance_id": instance_id, "kind": "registered", "ts": iso(started - dt.timedelta(minutes=4)),
+         "machine_id": machine_id, "host_id": machine_id * 10, "gpu_model": "RTX 4090", "gpu_count": 1, "dph": 0.4},
+        {"instance_id": instance_id, "kind": "params_done", "ts": iso(started - dt.timedelta(seconds=1)), "exit_code": 0},
+        {"instance_id": instance_id, "kind": "bench_started", "ts": iso(started), "proofs": 12, "concurrency": 3,
+         "partition_workers": 16},
+    ])
+
+
+async def demo_fleet(client, done: dt.datetime) -> None:
+    """One instance of each kind the rules tell apart, every one with logs expected:
+
+    C.32733029  the incident: OOM, exit 1, logs complete                     failed (oom), complete
+    C.40, C.31  machine 777: 40 and 31 proofs/hour; C.31 has a gap, no logs_complete   passed, incomplete
+    C.12        12.5 proofs/hour, logs complete                              below_min_rate, complete
+    C.drop      exit 1, logs_complete declared, but the agent dropped 2 lines failed, incomplete
+    C.params    the parameter fetch exited 2, its setup log complete         params_failed, complete
+    C.hung      bench_started 3 hours ago, no bench_done, no logs_complete   hung, incomplete
+    """
+    await incident(client, done, logs_complete=True)
+    await bench_instance(client, "C.40", 777, done=done - dt.timedelta(hours=1), exit_code=0, rate=40.0, dph=0.8)
+    await complete_logs(client, "C.40", done - dt.timedelta(hours=1), {"benchout": -1})
+    await bench_instance(client, "C.31", 777, done=done, exit_code=0, rate=31.0, dph=0.8)
+    await push_lines(client, "C.31", "benchout", ["proof 1 ok", "proof 2 ok"], at=done)
+    await push_lines(client, "C.31", "benchout", ["proof 9 ok"], start=8, at=done)  # a gap: 2..7 missing
+    await bench_instance(client, "C.12", 778, done=done, exit_code=0, rate=12.5)
+    await push_lines(client, "C.12", "benchout", ["proof 1 ok"], at=done)
+    await complete_logs(client, "C.12", done, {"benchout": 0})
+    await bench_instance(client, "C.drop", 779, done=done, exit_code=1, rate=0.0)
+    await push_lines(client, "C.drop", "benchdaemon", ["daemon starting", "proof 1 started", "daemon exiting"], at=done)
+    await post(client, "/api/v1/events", {"instance_id": "C.drop", "kind": "logs_complete", "ts": iso(done + dt.timedelta(seconds=1)),
+                                           "sources": {"benchdaemon": 2}, "dropped": {"benchdaemon": 2}})
+    await params_failure(client, "C.params", 780, at=done)
+    await push_lines(client, "C.params", "setup", ["fetching parameters", "error: paramfetch: HTTP 503"], at=done)
+    await complete_logs(client, "C.params", done, {"setup": 1})
+    await hung_instance(client, "C.hung", 781, started=done - dt.timedelta(hours=3))
+    await push_lines(client, "C.hung", "benchout", ["[benchmark] warm-up proof (waits for PCE extraction)"],
+                     at=done - dt.timedelta(hours=3))
+
+
+# -- helpers of the policy tests (a running app from aiohttp_client) ------------------------------
+async def run_policies(client, execute: bool = False, now: dt.datetime | None = None):
+    from ingest.keys import CORE
+
+    return await client.app[CORE].policy.run_cycle(execute, now=now)
+
+
+def rows(client, sql, params=()):
+    from ingest.keys import DB
+
+    cur = client.app[DB].cursor()
+    try:
+        return cur.execute(sql, list(params)).fetchall()
+    finally:
+        cur.close()
+
+
+async def get(client, path):
+    r = await client.get(path)
+    assert r.status == 200, await r.text()
+    return await r.json()

@@ -9,8 +9,6 @@ import sys
 
 import orjson
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from ingest.actuator import ActuationError, CommandActuator
 from ingest.keys import DB

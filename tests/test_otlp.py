@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import time
 import urllib.request
 
 import orjson

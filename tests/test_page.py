@@ -387,3 +387,75 @@ async def test_with_tokens_on_the_page_loads_and_reads_with_the_read_token_and_a
         await page.click("#exclude")
         await expect(page.locator("#verdict-result")).to_contain_text("now not eligible")
         assert (await fleet.get("/api/v1/hosts/777"))["eligible"] is False
+
+
+async def test_the_canned_questions_are_listed_with_their_parameters(client):
+    r = await client.get("/api/v1/queries")
+    assert r.status == 200
+    queries = {q["name"]: q for q in (await r.json())["queries"]}
+    assert {"why_failed", "hosts", "log_volume", "machine_leaderboard"} <= set(queries)
+    assert queries["why_failed"]["params"] == ["instance_id"] and "why did this instance fail" in queries["why_failed"]["description"]
+    assert queries["hosts"]["sql"].startswith('WITH "host_performance" AS')  # what it needs, in front
+    assert not any(name.startswith(("10_", "20_")) for name in queries)  # not the rules
+
+
+@pytest.mark.slow
+async def test_search_box_finds_a_line_across_the_fleet_and_opens_it_in_its_log(fleet, page):
+    await page.goto(fleet.url + "/#/fleet")
+    await page.fill("#search-input", "OUT OF MEMORY")
+    await page.press("#search-input", "Enter")
+    hits = page.locator("#search-hits tr.hit")
+    await expect(hits).to_have_count(1)
+    hit = hits.first
+    await expect(hit).to_contain_text("C.32733029")
+    await expect(hit).to_contain_text("benchdaemon")
+    await expect(hit.locator("mark")).to_have_text("out of memory")
+    assert "#/search?q=OUT+OF+MEMORY" in page.url
+
+    await page.fill("#search-q", "<script")  # a log line with markup is found, and shown as text
+    await page.press("#search-q", "Enter")
+    await expect(page.locator("#search-hits tr.hit")).to_have_count(1)
+    await expect(page.locator("#search-hits td.line")).to_have_text(XSS_LINE)
+    assert await page.evaluate("typeof window.__pwned") == "undefined"
+
+    await page.fill("#search-q", r"cuda error: \w+ of memory")
+    await page.check("#search-regex")
+    await page.click("#search-form-view button")
+    await expect(page.locator("#search-hits tr.hit")).to_have_count(1)
+    await page.click("#search-hits a.hit-line")
+    assert "#/instance/C.32733029?source=benchdaemon&run=0&seq=3" in page.url
+    focused = page.locator("#log-lines .ln.focus")
+    await expect(focused).to_have_count(1)
+    await expect(focused).to_contain_text(OOM_DAEMON_LOG[3])
+    await expect(page.locator("#log-lines .ln")).to_have_count(len(OOM_DAEMON_LOG))  # before and after it
+
+    await page.goto(fleet.url + "/#/search?q=%28unclosed&regex=1")
+    await expect(page.locator("#error")).to_contain_text("regular expression")
+
+
+@pytest.mark.slow
+async def test_query_page_runs_a_canned_question_and_free_sql_and_downloads_csv(fleet, page):
+    await page.goto(fleet.url + "/#/query")
+    await page.select_option("#query-pick", "why_failed")
+    await expect(page.locator("#query-about")).to_contain_text("why did this instance fail")
+    await expect(page.locator("#query-sql")).to_have_value(re.compile(r"\$instance_id"))
+    await page.fill('#query-params input[name="instance_id"]', "C.32733029")
+    await page.click("#query-run")
+    result = page.locator("#query-result")
+    await expect(result.locator("tbody tr")).to_have_count(1)
+    await expect(result.locator("thead")).to_contain_text("failure_class")
+    await expect(result.locator("tbody")).to_contain_text("oom")
+
+    await page.fill("#query-sql", "SELECT source, count(*) AS n FROM logs GROUP BY source ORDER BY source")
+    await page.click("#query-run")
+    await expect(result.locator("tbody tr")).to_have_count(3)
+    async with page.expect_download() as download_info:
+        await page.click("#query-csv")
+    download = await download_info.value
+    csv_text = Path(await download.path()).read_text()
+    assert csv_text.splitlines() == ["source,n", "benchdaemon,5", "benchout,4", "setup,3"]
+
+    await page.fill("#query-sql", "DELETE FROM logs")  # the read-only SQL API refuses it
+    await page.click("#query-run")
+    await expect(page.locator("#error")).to_contain_text("only SELECT")
+    assert len((await fleet.get("/api/v1/instances/C.40/logs?source=setup"))["lines"]) == 3

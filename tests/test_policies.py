@@ -11,8 +11,9 @@ import pytest
 from aiohttp import web
 
 from ingest.app import create_app
-from ingest.keys import CORE, DB
-from tests.fleet import OOM_DAEMON_LOG, bench_instance, complete_logs, incident, post, push_lines, utcnow
+from ingest.keys import CORE
+from tests.fleet import (OOM_DAEMON_LOG, bench_instance, complete_logs, get, incident, post, push_lines, rows,
+                         run_policies, utcnow)
 
 FAKE_VASTAI = Path(__file__).parent / "scripts" / "fake_vastai.sh"
 
@@ -20,24 +21,6 @@ FAKE_VASTAI = Path(__file__).parent / "scripts" / "fake_vastai.sh"
 @pytest.fixture
 def policy_settings(settings):
     return replace(settings, policy_interval_s=0)  # tests run cycles themselves
-
-
-async def run_policies(client, execute: bool = False, now: dt.datetime | None = None):
-    return await client.app[CORE].policy.run_cycle(execute, now=now)
-
-
-def rows(client, sql, params=()):
-    cur = client.app[DB].cursor()
-    try:
-        return cur.execute(sql, list(params)).fetchall()
-    finally:
-        cur.close()
-
-
-async def get(client, path):
-    r = await client.get(path)
-    assert r.status == 200, await r.text()
-    return await r.json()
 
 
 async def test_incident_replay_destroys_only_after_logs_complete(aiohttp_client, policy_settings):
@@ -64,7 +47,7 @@ async def test_incident_replay_destroys_only_after_logs_complete(aiohttp_client,
     assert destroys[0]["state"] == "proposed" and destroys[0]["id"] in report.new_decisions
     assert evidence["failure_class"] == "oom" and evidence["waited_for"] == "logs_complete"
     assert "CUDA error: out of memory" in evidence["failure_excerpt"] and evidence["machine_id"] == 55891
-    assert evidence["logs"]["benchdaemon"] == {"declared_last_seq": 4, "stored_lines": 5, "stored_last_seq": 4}
+    assert evidence["logs"]["benchdaemon"] == {"declared_last_seq": 4, "stored_lines": 5, "stored_last_seq": 4, "dropped": 0}
 
     good = await get(client, "/api/v1/hosts/777")
     assert (good["best_rate"], good["runs"], good["bad"], good["eligible"]) == (40.0, 2, False, True)

@@ -6,7 +6,6 @@ import datetime as dt
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import orjson
 import pytest

@@ -52,7 +52,7 @@ async def test_logs_completeness_needs_logs_complete_and_no_gap(client):
     await push_lines(client, 5, source="benchdaemon")
     await push_lines(client, 3, source="benchdaemon", start=7)  # 5 and 6 missing
     logs = (await get_json(client, "/api/v1/instances/C.32733029"))["logs"]
-    assert logs["benchout"] == {"run_id": "0", "lines": 10, "last_seq": 9, "gaps": [], "declared_last_seq": None, "complete": False}
+    assert logs["benchout"] == {"run_id": "0", "lines": 10, "last_seq": 9, "gaps": [], "declared_last_seq": None, "dropped": 0, "complete": False}
     assert logs["benchdaemon"]["gaps"] == [[5, 6]] and logs["benchdaemon"]["complete"] is False
     await post(client, "/api/v1/events", {"instance_id": "C.32733029", "kind": "logs_complete", "ts": 9,
                                           "sources": {"benchout": 9, "benchdaemon": 9, "setup": 2}})
@@ -226,7 +226,7 @@ async def test_instance_list_carries_failure_class_and_log_completeness(client):
                                           "sources": {"benchout": 2, "benchdaemon": 5}})
     [row] = (await get_json(client, "/api/v1/instances"))["instances"]
     assert row["exit_code"] is None and row["rate_per_hour"] is None  # the latest run, not the last finished one
-    assert row["logs"] == {"sources": 2, "incomplete": ["benchdaemon"]}
+    assert row["logs"] == {"sources": 2, "incomplete": ["benchdaemon"], "complete": False}
 
 
 async def test_follow_streams_new_lines_as_they_are_stored(client):

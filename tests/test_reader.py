@@ -11,7 +11,6 @@ import time
 from dataclasses import replace
 
 import orjson
-import pytest
 
 from ingest import codec
 from ingest.app import create_app
@@ -113,7 +112,7 @@ def test_sigterm_with_follow_clients_exits_within_two_seconds(server_process):
     import urllib.request
 
     urllib.request.urlopen(urllib.request.Request(server.url + "/api/v1/logs", data=push.encode(), method="POST"), timeout=10)
-    request = (f"GET /api/v1/instances/C.1/logs?source=benchout&follow=1 HTTP/1.1\r\nHost: x\r\n\r\n").encode()
+    request = ("GET /api/v1/instances/C.1/logs?source=benchout&follow=1 HTTP/1.1\r\nHost: x\r\n\r\n").encode()
     gone = socket.create_connection(("127.0.0.1", server.port), timeout=10)  # a follower that goes away
     gone.sendall(request)
     assert b"200" in gone.recv(4096)

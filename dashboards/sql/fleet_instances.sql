@@ -1,14 +1,11 @@
--- fleet_instances: every instance with its lifecycle state, machine, GPU, price and its latest
---   benchmark run (exit code, rate, failure class), the most recently heard from first.
+-- fleet_instances: every instance with its lifecycle phase, machine, GPU, price, its latest step's
+--   outcome (instance_phase: passed, below_min_rate, failed, hung, params_failed; the phase it failed in
+--   and its class), its latest benchmark's exit code and rate, and whether its logs are complete, the
+--   most recently heard from first.
 -- params: none
-WITH latest_run AS (
-    SELECT instance_id, arg_max(exit_code, done_at) AS exit_code, arg_max(rate_per_hour, done_at) AS rate_per_hour,
-           arg_max(failure_class, done_at) AS failure_class, max(done_at) AS bench_done_at
-    FROM bench_runs WHERE done_at IS NOT NULL GROUP BY instance_id
-)
-SELECT i.instance_id, s.state, s.state_since, i.machine_id, i.gpu_model, i.gpu_count, i.dph,
-       r.exit_code, r.rate_per_hour, r.failure_class, r.bench_done_at, i.last_seen
+SELECT i.instance_id, p.phase AS state, p.phase_since AS state_since, i.machine_id, i.gpu_model, i.gpu_count, i.dph,
+       p.outcome, p.failed_phase, p.exit_code, CASE WHEN p.rate_measured THEN p.rate_per_hour END AS rate_per_hour,
+       p.failure_class, p.bench_done_at, p.logs_complete, i.last_seen
 FROM instances i
-LEFT JOIN instance_state s USING (instance_id)
-LEFT JOIN latest_run r USING (instance_id)
+JOIN instance_phase p USING (instance_id)
 ORDER BY i.last_seen DESC, i.instance_id

@@ -54,7 +54,7 @@ async def _verdict(request: web.Request, verdict: str) -> web.Response:
     def store(con) -> None:
         con.execute(
             "INSERT INTO host_verdicts VALUES (?, ?, ?, ?, ?::TIMESTAMP + to_seconds(?::DOUBLE))",
-            [machine_id, verdict, reason or f"by operator", now, now, expires_s],
+            [machine_id, verdict, reason or "by operator", now, now, expires_s],
         )
 
     await request.app[CORE].writer.execute(store, kind="verdict")

@@ -19,23 +19,11 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from ingest.budget import Charge, MemoryBudget
-from ingest.errors import BadRequest, PayloadTooLarge, RequestError
+from ingest.errors import BadRequest, BodyTimeout, ClientGone, PayloadTooLarge, RequestError
 
 logger = logging.getLogger(__name__)
 
 READ_CHUNK_BYTES = 256 * 1024
-
-
-class ClientGone(RequestError):
-    """The client closed the connection before its body arrived (nobody reads the answer)."""
-
-    status = 499
-    reason = "client_disconnected"
-
-
-class BodyTimeout(RequestError):
-    status = 408
-    reason = "body_timeout"
 
 
 @dataclass

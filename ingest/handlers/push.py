@@ -16,14 +16,9 @@ from aiohttp import web
 
 from ingest import codec
 from ingest.auth import ADMIN, OPEN, PRINCIPAL, PUSH, Principal, check_instances, known_instances, requires, write_instance_token
-from ingest.errors import NotFound, RequestError
+from ingest.errors import Conflict, NotFound
 from ingest.handlers.http import json_response, read_body
 from ingest.keys import DB, LIMITER, SETTINGS, TOKENS, WRITER
-
-
-class Conflict(RequestError):
-    status = 409
-    reason = "conflict"
 
 
 def caps_of(settings) -> codec.Caps:

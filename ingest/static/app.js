@@ -1,4 +1,4 @@
-// The page's router: #/fleet, #/instance/<id>, #/machines, #/machine/<id>, #/decisions.
+// The page's router: #/fleet, #/instance/<id>, #/machines, #/machine/<id>, #/decisions, #/search, #/query.
 // Each view polls while shown; leaving it aborts its requests and timers.
 
 import { getToken, setToken } from "./api.js";
@@ -7,6 +7,8 @@ import { renderDecisions } from "./decisions.js";
 import { renderFleet } from "./fleet.js";
 import { renderInstance } from "./instance.js";
 import { renderMachine, renderMachines } from "./machines.js";
+import { renderQuery } from "./query.js";
+import { renderSearch } from "./search.js";
 
 let current = null; // AbortController of the view on screen
 
@@ -40,6 +42,8 @@ function route() {
   else if (name === "machines") renderMachines(root, params, signal);
   else if (name === "decisions") renderDecisions(root, params, signal);
   else if (name === "fleet") renderFleet(root, params, signal);
+  else if (name === "search") renderSearch(root, params, signal);
+  else if (name === "query") renderQuery(root, params, signal);
   else replace(root, h("p", null, "No such page. ", h("a", { href: "#/fleet", text: "Back to the fleet" })));
 }
 
@@ -60,6 +64,17 @@ function tokenForm() {
   show();
 }
 
+function searchForm() {
+  const form = document.getElementById("search-form");
+  const input = document.getElementById("search-input");
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const q = input.value.trim();
+    if (q) location.hash = `#/search?${new URLSearchParams({ q })}`;
+  });
+}
+
 tokenForm();
+searchForm();
 window.addEventListener("hashchange", route);
 route();

@@ -1,11 +1,12 @@
 // Decisions: what the rules decided (rule, subject, action, reason), the evidence they acted on,
-// and whether it was carried out (proposed, executed, failed, skipped).
+// and whether it was carried out (proposed, executed, failed, skipped), or superseded: re-checked
+// right before it was carried out, its rule no longer selected its subject, so it never was.
 
 import { api } from "./api.js";
 import { fmtTime, h, instanceHref, link, machineHref, poll, replace } from "./dom.js";
 
 const REFRESH_MS = 10000;
-const STATES = ["proposed", "executed", "failed", "skipped"];
+const STATES = ["proposed", "executed", "failed", "skipped", "superseded"];
 const ACTIONS = ["destroy", "exclude_host", "mark_stale", "delete_logs"];
 const open = new Set(); // evidence rows the user opened stay open across refreshes
 
@@ -31,7 +32,7 @@ export function decisionsTable(decisions) {
         const state = [h("span", { class: `badge decision-${String(d.state).replace(/[^a-z]/g, "")}`, text: d.state })];
         if (d.executed_at) state.push(h("div", { class: "muted small", text: `at ${fmtTime(d.executed_at)}` }));
         if (d.attempts) state.push(h("div", { class: "muted small", text: `${d.attempts} attempt${d.attempts > 1 ? "s" : ""}` }));
-        if (d.last_error) state.push(h("div", { class: "bad small", text: d.last_error }));
+        if (d.last_error) state.push(h("div", { class: d.state === "superseded" ? "muted small" : "bad small", text: d.last_error }));
         if (d.expires_at) state.push(h("div", { class: "muted small", text: `until ${fmtTime(d.expires_at)}` }));
         return h(
           "tr",

@@ -37,6 +37,9 @@ export class LogsPanel {
     this.sources = {};
     this.tab = params.get("source") || "all";
     this.q = params.get("q") || "";
+    // a line to open the log at (a search hit): #/instance/ID?source=S&run=R&seq=N
+    const seq = parseInt(params.get("seq"), 10);
+    this.focus = Number.isInteger(seq) && params.get("source") ? { seq, run: params.get("run") || null } : null;
     this.lines = [];
     this.atStart = false;
     this.generation = 0;
@@ -113,7 +116,7 @@ export class LogsPanel {
       ["all", ...names].map((name) =>
         h(
           "button",
-          { type: "button", role: "tab", class: "tab", "data-source": name, onclick: () => this.selectTab(name) },
+          { type: "button", role: "tab", class: "tab", "data-source": name, onclick: () => { this.focus = null; this.selectTab(name); } },
           h("span", { class: "tab-name", text: name }),
           h("span", { class: "tab-badge" }),
         ),
@@ -167,6 +170,10 @@ export class LogsPanel {
     const params = new URLSearchParams();
     if (this.tab !== "all") params.set("source", this.tab);
     if (this.q) params.set("q", this.q);
+    if (this.focus && this.tab !== "all") {
+      if (this.focus.run !== null) params.set("run", this.focus.run);
+      params.set("seq", String(this.focus.seq));
+    }
     const query = params.toString();
     history.replaceState(null, "", `#/instance/${encodeURIComponent(this.id)}${query ? "?" + query : ""}`);
   }
@@ -185,6 +192,7 @@ export class LogsPanel {
   setQuery(q) {
     if (q === this.q) return;
     this.q = q;
+    this.focus = null;
     this.saveToHash();
     this.reload();
   }
@@ -219,14 +227,26 @@ export class LogsPanel {
     this.lines = [];
     this.atStart = false;
     replace(this.list, h("div", { class: "muted", text: "Loading…" }));
-    this.fetchLines({ tail: PAGE })
-      .then((lines) => {
+    const focus = this.tab !== "all" ? this.focus : null;
+    const loaded = focus
+      ? Promise.all([ // the lines up to the one asked for, and those after it
+          this.fetchLines({ tail: PAGE, before_seq: focus.seq + 1, run_id: focus.run }),
+          this.fetchLines({ tail: PAGE, after_seq: focus.seq, run_id: focus.run }),
+        ]).then(([upTo, after]) => ({ lines: upTo.concat(after), atStart: upTo.length < PAGE }))
+      : this.fetchLines({ tail: PAGE }).then((lines) => ({ lines, atStart: lines.length < PAGE }));
+    loaded
+      .then(({ lines, atStart }) => {
         if (generation !== this.generation) return;
         this.loading = false;
         this.lines = lines;
-        this.atStart = lines.length < PAGE;
+        this.atStart = atStart;
         this.renderLines();
-        this.list.scrollTop = this.list.scrollHeight;
+        const marked = focus && this.list.querySelector(".ln.focus");
+        if (marked) {
+          marked.scrollIntoView({ block: "center" });
+        } else {
+          this.list.scrollTop = this.list.scrollHeight;
+        }
       })
       .catch((e) => {
         if (generation === this.generation) {
@@ -291,13 +311,18 @@ export class LogsPanel {
     if (!this.signal.aborted && this.followBox.checked) this.followTimer = setTimeout(() => this.followTick(), FOLLOW_MS);
   }
 
+  isFocus(line) {
+    const f = this.focus;
+    return Boolean(f) && this.tab !== "all" && line.seq === f.seq && (f.run === null || line.run_id === f.run);
+  }
+
   renderLines() {
     const all = this.tab === "all";
     const q = this.q;
     const rows = this.lines.map((l) =>
       h(
         "div",
-        { class: ALARM.test(l.line) ? "ln alarm" : "ln", "data-seq": l.seq, "data-source": l.source },
+        { class: (ALARM.test(l.line) ? "ln alarm" : "ln") + (this.isFocus(l) ? " focus" : ""), "data-seq": l.seq, "data-source": l.source },
         h("span", { class: "seq", text: l.seq }),
         h("span", { class: "ts", title: fmtTime(l.ts) + " UTC", text: fmtClock(l.ts, true) }),
         all ? h("span", { class: "src", text: l.source }) : null,

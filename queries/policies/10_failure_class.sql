@@ -1,17 +1,22 @@
 -- rule: failure_class
--- decides: the failure class of each failed benchmark run not yet classified, from its exit, its
---   rate, its instance's logs and the agent's gpu_state events: oom, gpu_lost, cuda_error, timeout, network, param_fetch, signal,
---   unknown. The first matching class in that order wins; the matching line is kept as evidence.
--- params: none
--- output: classify (instance_id, done_at, failure_class, failure_line), written to bench_runs
-WITH failed AS (
-    SELECT instance_id, done_at, exit_code, rate_per_hour, failure_excerpt,
-           json_extract_string(e.body, '$.signal') AS signal
-    FROM bench_runs b
-    LEFT JOIN events e USING (instance_id)
-    WHERE b.done_at IS NOT NULL AND b.failure_class IS NULL
-      AND (b.exit_code IS DISTINCT FROM 0 OR coalesce(b.rate_per_hour, 0) <= 0)
-      AND (e.kind = 'bench_done' AND e.ts = b.done_at OR e.kind IS NULL)
+-- decides: the failure class of each failed benchmark run (bench_outcomes) whose class is not final
+--   yet, from its exit, the agent's excerpt and timeout flag, the instance's logs and gpu_state events:
+--   oom, gpu_lost, cuda_error, timeout, network, param_fetch, signal, unknown. The first matching wins; the
+--   matching line is kept as evidence. A class follows its evidence: it is re-evaluated on every run
+--   until final, i.e. until the instance's logs are complete (instance_logs) or $destroy_grace_s have
+--   passed since the run ended; lines received in that window count even if their ts is later.
+-- params: $destroy_grace_s (seconds), $now (timestamp)
+-- output: classify (instance_id, done_at, failure_class, failure_line, final), written to bench_runs
+WITH failed AS MATERIALIZED (
+    SELECT b.instance_id, b.done_at, b.exit_code, b.failure_excerpt,
+           json_extract_string(e.body, '$.signal') AS signal,
+           coalesce(json_extract_string(e.body, '$.timeout') = 'true', false) AS timed_out,
+           json_extract_string(e.body, '$.max_duration_s') AS max_duration_s,
+           coalesce(l.complete, false) OR b.done_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP AS final
+    FROM bench_outcomes b
+    LEFT JOIN events e ON e.instance_id = b.instance_id AND e.kind = 'bench_done' AND e.ts = b.done_at
+    LEFT JOIN instance_logs l ON l.instance_id = b.instance_id
+    WHERE b.outcome = 'failed' AND NOT coalesce(b.class_final, false)
 ),
 patterns (failure_class, priority, pattern) AS (
     VALUES ('oom', 1, '(?i)(out of memory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|oom-kill|Killed process|memory allocation failed|cannot allocate memory)'),
@@ -22,12 +27,18 @@ patterns (failure_class, priority, pattern) AS (
            ('param_fetch', 6, '(?i)(param(eter)?s? (fetch|download)|fetch-params|paramfetch|failed to (fetch|download) param)')
 ),
 candidate_lines AS (
-    -- the excerpt the agent sent, then every stored log line of the failed instance
+    -- the excerpt the agent sent, then every stored log line of the failed instance up to a minute
+    -- after the run ended, or received within the grace period (a late pusher's own timestamps)
     SELECT f.instance_id, f.done_at, unnest(string_split(f.failure_excerpt, chr(10))) AS line
     FROM failed f WHERE f.failure_excerpt IS NOT NULL
     UNION ALL
+    -- the agent ended the command at --max-duration (bench_done "timeout": true)
+    SELECT f.instance_id, f.done_at, 'bench_done: timed out (agent --max-duration ' || coalesce(f.max_duration_s, '?') || ' s)'
+    FROM failed f WHERE f.timed_out
+    UNION ALL
     SELECT f.instance_id, f.done_at, l.line
-    FROM failed f JOIN logs l ON l.instance_id = f.instance_id AND l.ts <= f.done_at + INTERVAL 1 MINUTE
+    FROM failed f JOIN logs l ON l.instance_id = f.instance_id
+         AND (l.ts <= f.done_at + INTERVAL 1 MINUTE OR l.received_at <= f.done_at + to_seconds($destroy_grace_s::DOUBLE))
     UNION ALL
     -- the agent's NVML watch: a gpu_state event saying the GPU was lost
     SELECT f.instance_id, f.done_at,
@@ -51,5 +62,6 @@ SELECT f.instance_id, f.done_at,
        CASE WHEN b.failure_class IS NOT NULL THEN b.failure_line
             WHEN f.signal IS NOT NULL THEN 'killed by signal ' || f.signal
             WHEN f.exit_code > 128 THEN 'exit code ' || f.exit_code::VARCHAR || ' (signal ' || (f.exit_code - 128)::VARCHAR || ')'
-            ELSE NULL END AS failure_line
+            ELSE NULL END AS failure_line,
+       f.final
 FROM failed f LEFT JOIN best b USING (instance_id, done_at)

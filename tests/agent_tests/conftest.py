@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from agentlib import FAST, REPO
+from tests.conftest import kill_group
 
 
 def fast_flags(cmd: str) -> list[str]:
@@ -36,7 +37,8 @@ def agent(tmp_path):
             n = len(procs)
             self.out, self.err = tmp_path / f"agent-{n}.out", tmp_path / f"agent-{n}.err"
             with open(self.out, "wb") as out, open(self.err, "wb") as err:
-                proc = subprocess.Popen(self.argv, cwd=REPO, stdout=out, stderr=err, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                proc = subprocess.Popen(self.argv, cwd=REPO, stdout=out, stderr=err, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                        start_new_session=True)  # its own process group, killed with it
             procs.append(proc)
             return proc
 
@@ -47,6 +49,4 @@ def agent(tmp_path):
 
     yield Agent
     for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        kill_group(proc)  # the agent and whatever it started in its group

@@ -1,0 +1,113 @@
+"""dashboards/alerts.yml: valid for promtool, and true on the demo fleet.
+
+The series promtool evaluates are a real server's /metrics, scraped twice (tests/fleet.py's demo
+fleet, then refused pushes in between), so the rules are checked against the names, labels and values
+fleetlog actually exposes, not a hand-written copy of them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from ingest.app import create_app
+from ingest.keys import CORE
+from tests.conftest import REPO
+from tests.fleet import demo_fleet, utcnow
+
+ALERTS = REPO / "dashboards" / "alerts.yml"
+STEP_AT_MIN = 40  # the first scrape's values until this minute, the second's after
+EVAL_AT_MIN = 45
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        message = "promtool is not installed (Debian's prometheus package ships it: apt-get install prometheus)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def test_alert_rules_pass_promtool_check():
+    checked = subprocess.run([promtool(), "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def samples(text: str) -> dict[str, float]:
+    """fleetlog_* samples of an exposition, keyed by their PromQL series selector."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.startswith("fleetlog_") or s.name.endswith("_created"):
+                continue
+            labels = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def rendered(rule: dict, labels: dict[str, str]) -> dict[str, str]:
+    """The rule's annotations with ``{{ $labels.x }}`` filled in, as Prometheus renders them."""
+    return {k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], v) for k, v in rule["annotations"].items()}
+
+
+async def test_alert_rules_fire_on_the_demo_fleet_scraped_from_a_real_server(aiohttp_client, settings, tmp_path):
+    tool = promtool()
+    client = await aiohttp_client(create_app(replace(settings, policy_interval_s=0)))
+    await demo_fleet(client, utcnow() - dt.timedelta(seconds=30))
+    await client.app[CORE].policy.run_cycle(False)
+
+    async def refused(n: int) -> None:  # an agent sending what the server refuses
+        for _ in range(n):
+            r = await client.post("/api/v1/logs", data=b'{"instance_id": "C.31", "lines": [')
+            assert r.status == 400
+
+    await refused(1)  # a labelled counter exists only from its first increment
+    first = samples(await (await client.get("/metrics")).text())
+    await refused(15)
+    second = samples(await (await client.get("/metrics")).text())
+    assert set(first) <= set(second)
+
+    def values(name: str, value: float) -> str:  # promtool's expanding notation; "_" where there was no sample
+        before = f"{first[name]}x{STEP_AT_MIN - 1}" if name in first else f"_x{STEP_AT_MIN - 1}"
+        return f"{before} {value}x{60 - STEP_AT_MIN}"
+
+    series = [{"series": name, "values": values(name, value)} for name, value in sorted(second.items())]
+    rules = {r["alert"]: r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
+
+    def firing(alert: str, *label_sets: dict[str, str]) -> dict:
+        rule = rules[alert]
+        return {"eval_time": f"{EVAL_AT_MIN}m", "alertname": alert, "exp_alerts": [
+            {"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": rendered(rule, labels)} for labels in label_sets]}
+
+    free = second["fleetlog_storage_free_bytes{}"] / second["fleetlog_storage_size_bytes{}"]
+    expected = [
+        firing("FleetlogInstanceFailed", {"phase": "benchmark"}, {"phase": "params"}),  # C.32733029, C.drop, C.hung; C.params
+        firing("FleetlogIncompleteLogs", {}),  # C.31 (gap), C.drop (dropped lines), C.hung
+        firing("FleetlogHostsExcluded", {}),  # 55891 (oom)
+        firing("FleetlogPushesRefused", {"reason": "bad_request"}),
+        firing("FleetlogNoEligibleHosts"),
+        firing("FleetlogDestroyFailed"),
+        firing("FleetlogIngestErrors"),
+        firing("FleetlogNotificationsDropped"),
+        firing("FleetlogDiskNearlyFull", *([{}] if free < 0.10 else [])),
+    ]
+    assert set(rules) - {t["alertname"] for t in expected} == {"FleetlogDown"}  # no up{} series in a unit test
+    test_file = tmp_path / "alerts_test.yml"
+    test_file.write_text(yaml.safe_dump({
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": expected}],
+    }, sort_keys=False))
+    ran = subprocess.run([tool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stdout + ran.stderr

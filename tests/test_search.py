@@ -1,0 +1,101 @@
+"""GET /api/v1/search: log lines across the fleet, newest first, on the real app and a real DuckDB file."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from tests.fleet import OOM_DAEMON_LOG, incident, iso, push_lines, utcnow
+
+
+@pytest.fixture
+async def fleet(make_client):
+    client = await make_client(read_token="r" * 20, admin_token="a" * 20, enroll_token="e" * 20)
+    admin = {"Authorization": "Bearer " + "a" * 20}
+    client.read = {"Authorization": "Bearer " + "r" * 20}
+
+    class Admin:  # tests.fleet's helpers post through this: every push with the admin token
+        async def post(self, path, data):
+            return await client.post(path, data=data, headers=admin)
+
+    now = utcnow()
+    await incident(Admin(), now - dt.timedelta(minutes=5), logs_complete=True)
+    await push_lines(Admin(), "C.2", "benchdaemon", ["ERROR cuda: Out Of Memory on device 1", "ok 50% done_x"],
+                     at=now - dt.timedelta(minutes=1))
+    await push_lines(Admin(), "C.old", "benchdaemon", ["CUDA error: out of memory, two days ago"],
+                     at=now - dt.timedelta(days=2))
+    return client
+
+
+async def search(client, expect: int = 200, **params) -> dict:
+    r = await client.get("/api/v1/search", params=params, headers=client.read)
+    doc = await r.json()
+    assert r.status == expect, doc
+    return doc
+
+
+async def test_search_finds_lines_across_instances_newest_first_case_insensitive(fleet):
+    doc = await search(fleet, q="out of memory")
+    assert [(h["instance_id"], h["source"]) for h in doc["hits"]] == [("C.2", "benchdaemon"), ("C.32733029", "benchdaemon")]
+    assert doc["truncated"] is False
+    hit = doc["hits"][1]
+    assert hit["line"] == OOM_DAEMON_LOG[3] and hit["seq"] == 3 and hit["run_id"] == "0" and hit["ts"].endswith("Z")
+    assert set(hit) == {"instance_id", "source", "run_id", "seq", "ts", "line"}
+
+
+async def test_search_window_defaults_to_24_hours_and_takes_since_and_until(fleet):
+    assert "C.old" not in {h["instance_id"] for h in (await search(fleet, q="out of memory"))["hits"]}
+    old = await search(fleet, q="out of memory", since="3d")
+    assert "C.old" in {h["instance_id"] for h in old["hits"]}
+    until = iso(utcnow() - dt.timedelta(days=1))
+    assert [h["instance_id"] for h in (await search(fleet, q="memory", since="7d", until=until))["hits"]] == ["C.old"]
+    await search(fleet, 400, q="memory", since="yesterday-ish")
+    await search(fleet, 400, q="memory", since="1h", until="2h")
+
+
+async def test_search_substring_is_literal_and_regex_is_opt_in(fleet):
+    assert [h["line"] for h in (await search(fleet, q="50%"))["hits"]] == ["ok 50% done_x"]
+    assert (await search(fleet, q="o_t of"))["hits"] == []  # _ is not a wildcard
+    doc = await search(fleet, q=r"out of memory \(cuda\w+\)", regex="1")
+    assert [h["instance_id"] for h in doc["hits"]] == ["C.32733029"]
+    bad = await search(fleet, 400, q="(unclosed", regex="1")
+    assert bad["ok"] is False and "regular expression" in bad["error"]
+    await search(fleet, 400, q="x", regex="yes")
+    await search(fleet, 400, q="")
+
+
+async def test_search_filters_by_source_and_instance_and_caps_limit(fleet):
+    doc = await search(fleet, q="error", source="benchout")
+    assert {h["source"] for h in doc["hits"]} == {"benchout"} and doc["hits"]
+    doc = await search(fleet, q="e", instance="C.2")
+    assert {h["instance_id"] for h in doc["hits"]} == {"C.2"}
+    one = await search(fleet, q="cuzk", limit="1")
+    assert len(one["hits"]) == 1 and one["truncated"] is True
+    capped = await search(fleet, q="e", limit="100000")
+    assert capped["truncated"] is False and len(capped["hits"]) > 1
+    await search(fleet, 400, q="e", limit="0")
+
+
+async def test_search_needs_a_token_and_the_read_token_suffices(fleet):
+    r = await fleet.get("/api/v1/search", params={"q": "memory"})
+    assert r.status == 401
+    assert (await search(fleet, q="memory"))["hits"]
+
+
+async def test_search_across_the_window_parts_keeps_newest_first_and_the_limit(fleet):
+    now = utcnow()
+
+    class Admin:
+        async def post(self, path, data):
+            return await fleet.post(path, data=data, headers={"Authorization": "Bearer " + "a" * 20})
+
+    for hours, instance in ((0.5, "C.h0"), (3, "C.h3"), (12, "C.h12"), (20, "C.h20")):
+        await push_lines(Admin(), instance, "benchout", ["Xid 79: GPU has fallen off the bus"],
+                         at=now - dt.timedelta(hours=hours))
+    doc = await search(fleet, q="fallen off the bus")
+    assert [h["instance_id"] for h in doc["hits"]] == ["C.h0", "C.h3", "C.h12", "C.h20"] and not doc["truncated"]
+    doc = await search(fleet, q="fallen off the bus", limit="2")
+    assert [h["instance_id"] for h in doc["hits"]] == ["C.h0", "C.h3"] and doc["truncated"]
+    doc = await search(fleet, q="fallen off the bus", limit="3")
+    assert [h["instance_id"] for h in doc["hits"]] == ["C.h0", "C.h3", "C.h12"] and doc["truncated"]
