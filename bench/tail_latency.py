@@ -8,7 +8,8 @@ HTTP. Measured in the same run:
   of the file): what a scan costs without the server's tail cache;
 - the first tail of each stream after start-up (loads the stream's newest lines from the database);
 - later tails (served from the tail cache while the writer commits).
-Target: tail p99 <= 20 ms.
+Targets: first tail p99 <= 10 ms (the load reads only the rows from the seq index's floor on, which
+zone maps prune to a few row groups), cached tail p99 <= 5 ms.
 
     python bench/tail_latency.py        # BENCH_TAIL_ROWS=10000000 BENCH_TAIL_REQUESTS=2000
 """
@@ -135,8 +136,11 @@ def main() -> None:
     print(f"reference  DuckDB scan, fresh read-only connection: {ms(ref)}")
     print(f"fleetlog   first tail of a stream (loads from DB):   {ms(cold)}")
     print(f"fleetlog   tail from the tail cache:                 {ms(warm)}")
-    print(f"ratio      cached p99 / reference p99 = {percentile(warm, 99) / percentile(ref, 99):.3f}; "
-          f"cached p99 {percentile(warm, 99) * 1000:.1f} ms (target <= 20 ms)")
+    ref99 = percentile(ref, 99)
+    print(f"ratio      first tail p99 / reference p99 = {percentile(cold, 99) / ref99:.3f}; "
+          f"first tail p99 {percentile(cold, 99) * 1000:.1f} ms (target <= 10 ms)")
+    print(f"ratio      cached p99 / reference p99 = {percentile(warm, 99) / ref99:.3f}; "
+          f"cached p99 {percentile(warm, 99) * 1000:.1f} ms (target <= 5 ms)")
 
 
 if __name__ == "__main__":

@@ -261,7 +261,8 @@ def write_batch(
     written (ingest/slots.py) and raises Overloaded (503, the client retries) when not."""
     fresh: list[bool] = []
     results: list[Any] = []
-    owned = set(instances) | {e.instance_id for e in events} | set(logs.instance_id) | set(metrics.instance_id)
+    logged = {i for batch in logs.batches for i in batch.column("instance_id").unique().to_pylist()}
+    owned = set(instances) | {e.instance_id for e in events} | logged | set(metrics.instance_id)
     checks = [lambda c: fence(c, owned)] if fence is not None and owned else []
     try:
         if instances or events or actions:

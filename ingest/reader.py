@@ -184,7 +184,8 @@ class Reader:
             cached = cache.tail(key, tail)
             if cached is None and cache.begin_load(key):
                 try:
-                    loaded, complete = await self._run("logs", reads.load_tail, instance_id, source, cache.capacity)
+                    floor = self.index.tail_floor(instance_id, source, cache.capacity)
+                    loaded, complete = await self._run("logs", reads.load_tail, instance_id, source, cache.capacity, floor)
                 except BaseException:
                     cache.abort_load(key)
                     raise

@@ -147,13 +147,31 @@ def read_logs(
     return rows if forward else rows[::-1]
 
 
-def load_tail(con, timeout_s: float, instance_id: str, source: str, n: int) -> tuple[list[TailRow], bool]:
-    """The newest ``n`` lines of (instance, source) for the tail cache, and whether that is all of them."""
-    rows = read_logs(
-        con, timeout_s, instance_id, source=source, run_id=None, tail=n + 1, after_seq=None, before_seq=None, q=None
-    )
-    complete = len(rows) <= n
-    return [(r, seq, ts, line) for _s, r, seq, ts, line in rows[-n:] if n], complete
+TAIL_LOAD_SQL = "SELECT seq, epoch_us(ts), line FROM logs WHERE instance_id = ? AND source = ? AND run_id = ? AND seq >= ?"
+
+
+def load_tail(con, timeout_s: float, instance_id: str, source: str, n: int,
+              floor: tuple[str, int, bool] | None = None) -> tuple[list[TailRow], bool]:
+    """The newest ``n`` lines of (instance, source) for the tail cache, and whether that is all of them.
+
+    ``floor``: (run_id, seq, complete) from ``StreamIndex.tail_floor``: the newest ``n`` stored lines
+    are that run's lines from that seq on. The query then reads only the row groups that can hold
+    them (zone maps on seq) instead of every row group of the instance, and needs no sort in DuckDB.
+    Lines committed after the floor was taken have higher seqs, or reach the cache through its
+    pending list; either way the newest ``n`` are kept."""
+    if floor is None:
+        rows = read_logs(
+            con, timeout_s, instance_id, source=source, run_id=None, tail=n + 1, after_seq=None, before_seq=None, q=None
+        )
+        tail = [(r, seq, ts, line) for _s, r, seq, ts, line in rows]
+        return (tail[-n:] if n else []), len(tail) <= n
+    run_id, first, complete = floor
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(TAIL_LOAD_SQL, [instance_id, source, run_id, first])
+        found = cur.fetchall()
+    found.sort()
+    tail = [(run_id, seq, ts, line) for seq, ts, line in found[-n:]] if n else []
+    return tail, complete and len(found) <= n
 
 
 # -- log completeness: the log_streams and instance_logs views (migration 005) decide it ----------------
@@ -222,13 +240,6 @@ def parse_tree(sql: str) -> dict[str, Any]:
     if len(tree.get("statements", ())) != 1:
         raise QueryError("sql: expected exactly one statement")
     return tree["statements"][0]["node"]
-
-
-def _cte_query(value: dict) -> dict:
-    """A CTE's query node: DuckDB 2.x writes it as ``query_node``, 1.5 as ``query.node``."""
-    if "query_node" in value:
-        return value["query_node"]
-    return value["query"]["node"]
 
 
 def _cte_query(value: dict) -> dict:

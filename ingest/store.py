@@ -6,6 +6,7 @@ Only the writer thread calls ``write_batch`` (on the one write connection). Ever
 
 from __future__ import annotations
 
+import array
 import logging
 from dataclasses import dataclass
 from importlib import resources
@@ -106,22 +107,54 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     return done
 
 
+# --- the log rows of a group commit (the writer's staging) -------------------------------------------
+LOG_CHUNK_SCHEMA = pa.schema([f for f in LOG_SCHEMA if f.name != "received_at"])  # received_at is the commit's
+LOG_COLUMNS_SQL = "instance_id, source, run_id, seq, ts, make_timestamp({received_us}::BIGINT), line, truncated"
+_NOT_TRUNCATED = pa.scalar(False, pa.bool_())
+TS_TYPE = pa.timestamp("us")
+
+
+def _int64s(values: list[int], kind: pa.DataType) -> pa.Array:
+    """Python ints (in range: the codec checked) to Arrow through a C array: ~3x faster than pa.array."""
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(array.array("q", values))])
+
+
+def log_chunk_batch(instance_id: str, source: str, run_id: str, seqs: list[int], ts_us: list[int], lines: list[str],
+                    truncated: list[bool]) -> pa.RecordBatch:
+    """One stream's lines as Arrow, built once per request (the ids repeated in C, no list per row);
+    a group commit concatenates these without copying."""
+    n = len(seqs)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(instance_id, pa.string()), n),
+            pa.repeat(pa.scalar(source, pa.string()), n),
+            pa.repeat(pa.scalar(run_id, pa.string()), n),
+            _int64s(seqs, pa.int64()),
+            _int64s(ts_us, TS_TYPE),
+            pa.array(lines, pa.string()),
+            pa.array(truncated, pa.bool_()) if any(truncated) else pa.repeat(_NOT_TRUNCATED, n),
+        ],
+        schema=LOG_CHUNK_SCHEMA,
+    )
+
+
 @dataclass
 class LogColumns:
-    instance_id: list[str]
-    source: list[str]
-    run_id: list[str]
-    seq: list[int]
-    ts_us: list[int]
-    line: list[str]
-    truncated: list[bool]
+    """The log rows of one group commit: Arrow record batches of LOG_CHUNK_SCHEMA."""
+
+    batches: list[pa.RecordBatch]
+    rows: int = 0
 
     @classmethod
     def empty(cls) -> "LogColumns":
-        return cls([], [], [], [], [], [], [])
+        return cls([])
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.rows += batch.num_rows
 
     def __len__(self) -> int:
-        return len(self.seq)
+        return self.rows
 
 
 def write_batch(
@@ -139,30 +172,15 @@ def write_batch(
     ``instances`` maps every instance seen in the batch to its newest timestamp (for last_seen).
     Everything happens in one transaction: on error it is rolled back and StoreError raised.
     """
-    received = pa.scalar(received_us, pa.timestamp("us"))
     fresh: list[bool] = []
     try:
         con.execute("BEGIN")
         _upsert_instances(con, instances, received_us)
         if len(logs):
-            n = len(logs)
-            table = pa.Table.from_arrays(
-                [
-                    pa.array(logs.instance_id, pa.string()),
-                    pa.array(logs.source, pa.string()),
-                    pa.array(logs.run_id, pa.string()),
-                    pa.array(logs.seq, pa.int64()),
-                    pa.array(logs.ts_us, pa.timestamp("us")),
-                    pa.repeat(received, n),
-                    pa.array(logs.line, pa.string()),
-                    pa.array(logs.truncated, pa.bool_()),
-                ],
-                schema=LOG_SCHEMA,
-            )
-            con.register("_log_batch", table)
-            con.execute("INSERT INTO logs SELECT * FROM _log_batch")
-            con.unregister("_log_batch")
+            table = pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA)
+            con.from_arrow(table).project(LOG_COLUMNS_SQL.format(received_us=int(received_us))).insert_into("logs")
         if len(metrics):
+            received = pa.scalar(received_us, TS_TYPE)  # ~10 us: only when there are metrics
             table = pa.Table.from_arrays(
                 [
                     pa.array(metrics.instance_id, pa.string()),

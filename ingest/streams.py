@@ -161,6 +161,28 @@ class StreamIndex:
             for lo, hi in runs_of(sorted_seqs):
                 ranges.add_range(lo, hi)
 
+    def tail_floor(self, instance_id: str, source: str, n: int) -> tuple[str, int, bool] | None:
+        """(run_id, seq, complete): the newest ``n`` stored lines of (instance_id, source), in (run_id,
+        seq) order, are that run's lines from that seq on, and ``complete`` says whether they are all of
+        the source's lines; None when no line is stored or the newest ``n`` span runs. The tail
+        cache's load then reads only ``run_id = ? AND seq >= ?``, which DuckDB's zone maps prune to
+        the few row groups written since that seq (all streams advance together)."""
+        with self._lock:
+            runs = [k for k in self._by_instance.get(instance_id, ()) if k[1] == source]
+            if not runs:
+                return None
+            key = max(runs, key=lambda k: k[2])
+            ranges = self._streams[key]
+            complete = sum(self._streams[k].count for k in runs) <= n
+            if ranges.count < n:
+                return (key[2], ranges.los[0], True) if len(runs) == 1 and ranges.los else None
+            left = n
+            for lo, hi in zip(reversed(ranges.los), reversed(ranges.his)):
+                if hi - lo + 1 >= left:
+                    return key[2], hi - left + 1, complete
+                left -= hi - lo + 1
+            return None
+
     def summaries(self, instance_id: str) -> list[StreamSummary]:
         with self._lock:
             keys = sorted(self._by_instance.get(instance_id, ()))

@@ -62,11 +62,12 @@ class TailCache:
         return self.capacity > 0 and self.max_streams > 0
 
     # -- writer side ---------------------------------------------------------------------------
-    def on_commit(self, key: TailKey, rows: list[TailRow], new_stream: bool) -> None:
+    def on_commit(self, key: TailKey, rows: list[TailRow], new_stream: bool, trimmed: bool = False) -> None:
         """Called by the writer after a commit with that commit's rows of ``key``.
 
         ``new_stream``: the database held no line of this (instance, source) before the commit, so
-        an entry started now holds the stream's whole history.
+        an entry started now holds the stream's whole history. ``trimmed``: the commit held more
+        lines than ``rows`` (the writer passes only those that can be among the newest ``capacity``).
         """
         if not self.enabled:
             return
@@ -80,6 +81,8 @@ class TailCache:
                 entry.pending.extend(rows)
             else:
                 self._merge(entry, rows)
+            if trimmed:
+                entry.complete = False
             self._evict()
 
     def _merge(self, entry: _Entry, rows: list[TailRow]) -> None:

@@ -126,6 +126,25 @@ async def test_tail_after_restart_loads_from_database_then_serves_from_memory(ai
     assert "fleetlog_tailcache_hits_total 1.0" in metrics and "fleetlog_tailcache_misses_total 1.0" in metrics
 
 
+@pytest.mark.parametrize("capacity", [20, 50, 200])
+async def test_tail_loaded_after_restart_matches_the_table_with_holes_and_runs(aiohttp_client, settings, capacity):
+    """The load after a restart reads only the rows from the index's floor on (or everything when the
+    newest lines span runs): whatever the capacity, the tail is the table's."""
+    first = await aiohttp_client(create_app(settings))
+    await push_lines(first, 100)
+    await push_lines(first, 40, start=110)  # a hole: 100..109
+    await push_lines(first, 30, run_id="1")
+    await push_lines(first, 5, source="other")
+    await first.close()
+    second = await aiohttp_client(create_app(replace(settings, tail_cache_lines=capacity)))
+    n = min(capacity, 60)
+    cached = await get_json(second, f"/api/v1/instances/C.32733029/logs?source=benchdaemon&tail={n}")
+    from_db = await get_json(second, f"/api/v1/instances/C.32733029/logs?source=benchdaemon&tail={n}&q=line")
+    assert cached == from_db and len(cached["lines"]) == n
+    metrics = await (await second.get("/metrics")).text()
+    assert "fleetlog_tailcache_misses_total 1.0" in metrics
+
+
 async def test_resend_after_restart_is_still_deduplicated(aiohttp_client, settings):
     first = await aiohttp_client(create_app(settings))
     await push_lines(first, 30)

@@ -88,3 +88,26 @@ def test_index_load_from_the_table_matches_the_stored_seqs_with_and_without_hole
         summary = next(s for s in index.summaries(instance_id) if (s.source, s.run_id) == (source, run_id))
         assert summary.lines == len(seqs) and summary.last_seq == max(seqs)
     con.close()
+
+
+@given(st.dictionaries(st.sampled_from(["0", "1", "10", "2"]), st.sets(st.integers(0, 80), min_size=1, max_size=40), min_size=1,
+                       max_size=3),
+       st.integers(1, 60))
+@settings(max_examples=200, deadline=None)
+def test_tail_floor_bounds_exactly_the_newest_lines_of_the_stream(runs, n):
+    """The tail cache's load reads ``run_id = floor run AND seq >= floor seq``: that must be exactly
+    the newest ``n`` lines of the (instance, source) in (run_id, seq) order, whatever the holes and
+    runs; when it cannot say (the newest lines span runs) it says None."""
+    index = StreamIndex()
+    for run_id, seqs in runs.items():
+        index.commit(("C.1", "benchout", run_id), sorted(seqs))
+    index.commit(("C.1", "other", "9"), [0, 1, 2])  # another source of the same instance
+    stored = sorted((run_id, seq) for run_id, seqs in runs.items() for seq in seqs)
+    newest = stored[-n:]
+    floor = index.tail_floor("C.1", "benchout", n)
+    if floor is None:
+        assert len({run_id for run_id, _ in newest}) > 1
+    else:
+        assert [(r, s) for r, s in stored if r == floor[0] and s >= floor[1]] == newest
+        assert floor[2] == (len(stored) <= n)  # another source of the instance does not count
+    assert index.tail_floor("C.2", "benchout", n) is None

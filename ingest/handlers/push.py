@@ -54,7 +54,9 @@ async def _json(request: web.Request):
 @requires(PUSH)
 async def post_logs(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
-    chunks = codec.parse_logs(await _json(request), settings.max_line_bytes, codec.now_us(), caps_of(settings))
+    body = await read_body(request, settings.max_body_bytes)
+    chunks = codec.parse_logs_body(body, settings.max_line_bytes, codec.now_us(), caps_of(settings))
+    del body
     admit(request, _log_rows(chunks))
     return await _write(request, "logs", logs=chunks)
 

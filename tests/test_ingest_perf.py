@@ -1,0 +1,70 @@
+"""Promises of the fast write path: what it skips must not show (the instances row, the tail cache,
+server-numbered lines)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from tests.test_push_api import db_rows, post
+
+
+async def _tail(client, instance, source, n, *, from_db=False):
+    q = "&q=line" if from_db else ""
+    r = await client.get(f"/api/v1/instances/{instance}/logs?source={source}&tail={n}{q}")
+    assert r.status == 200, await r.text()
+    return (await r.json())["lines"]
+
+
+async def test_instance_row_exists_at_the_first_ack_and_last_seen_follows_within_seconds(client):
+    doc = {"instance_id": "C.1", "source": "benchout", "lines": [{"seq": 0, "line": "line 0"}]}
+    assert (await post(client, "/api/v1/logs", doc)).status == 200
+    [(first_seen, last_seen)] = db_rows(client, "SELECT first_seen, last_seen FROM instances WHERE instance_id = 'C.1'")
+    deadline = time.monotonic() + 30
+    seq = 1
+    while True:  # pushes keep coming: last_seen must move (once a second at most, so within a few)
+        doc["lines"] = [{"seq": seq, "line": f"line {seq}"}]
+        assert (await post(client, "/api/v1/logs", doc)).status == 200
+        seq += 1
+        [(now_first, now_last)] = db_rows(client, "SELECT first_seen, last_seen FROM instances WHERE instance_id = 'C.1'")
+        if now_last > last_seen:
+            break
+        assert time.monotonic() < deadline, "last_seen never moved"
+        await asyncio.sleep(0.05)
+    assert now_first == first_seen
+
+
+async def test_tail_of_a_body_bigger_than_the_cache_matches_the_table(make_client):
+    """The writer hands the cache only the newest lines of a big body; ascending or shuffled, the
+    cached tail is the table's."""
+    client = await make_client(tail_cache_lines=100)
+    ascending = [{"seq": i, "line": f"line a{i}"} for i in range(2500)]
+    shuffled = [{"seq": i, "line": f"line b{i}"} for i in range(2500)]
+    random.Random(3).shuffle(shuffled)
+    for source, body in (("asc", ascending), ("shuf", shuffled)):
+        assert (await post(client, "/api/v1/logs", {"instance_id": "C.1", "source": source, "lines": body})).status == 200
+        more = [{"seq": 2500 + i, "line": f"line c{i}"} for i in range(30)]
+        assert (await post(client, "/api/v1/logs", {"instance_id": "C.1", "source": source, "lines": more})).status == 200
+        cached = await _tail(client, "C.1", source, 100)
+        assert cached == await _tail(client, "C.1", source, 100, from_db=True)
+        assert [line["seq"] for line in cached] == list(range(2430, 2530))
+
+
+async def test_server_numbered_lines_get_their_seqs_in_the_table(client):
+    for _ in range(2):
+        r = await client.post("/api/log-push", data=b"line one\nline two\nline three\n",
+                              headers={"X-Instance-Id": "C.1", "X-Log-Source": "old"})
+        assert r.status == 200, await r.text()
+    rows = db_rows(client, "SELECT seq, line FROM logs WHERE source = 'old' ORDER BY seq")
+    assert rows == [(i, t) for i, t in enumerate(["line one", "line two", "line three"] * 2)]
+
+
+async def test_received_at_is_the_commit_time_and_ts_the_pushed_one(client):
+    before = time.time()
+    doc = {"instance_id": "C.1", "source": "benchout",
+           "lines": [{"seq": 0, "ts": 1764415248.123456, "line": "a"}, {"seq": 1, "ts": "2026-11-29T11:20:00Z", "line": "b"}]}
+    assert (await post(client, "/api/v1/logs", doc)).status == 200
+    rows = db_rows(client, "SELECT epoch_us(ts), epoch_us(received_at) FROM logs ORDER BY seq")
+    assert [ts for ts, _ in rows] == [int(1764415248.123456 * 1_000_000), 1795951200_000000]
+    assert all(before - 1 <= received / 1e6 <= time.time() + 1 for _, received in rows)
