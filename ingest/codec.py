@@ -182,6 +182,17 @@ def _int(value: Any, where: str, *, minimum: int | None = 0) -> int:
     return value
 
 
+def _refuse_repeated_seqs(seqs: list[int], prefix: str) -> None:
+    """A seq twice in one request is the sender's bug: refuse it, naming the second one."""
+    if len(set(seqs)) == len(seqs):
+        return
+    seen: set[int] = set()
+    for i, seq in enumerate(seqs):
+        if seq in seen:
+            raise BadRequest(f"{prefix}lines[{i}].seq: {seq} appears twice in this request")
+        seen.add(seq)
+
+
 def truncate_line(line: str, max_bytes: int) -> tuple[str, bool]:
     """Cut a line to ``max_bytes`` of UTF-8 (never inside a character)."""
     if len(line) * 4 <= max_bytes:
@@ -251,12 +262,8 @@ def _parse_stream(doc: Any, where: str, max_line_bytes: int, received_us: int) -
         prev = seq
         seqs.append(seq)
         texts.append(text)
-    if not ascending and len(set(seqs)) != len(seqs):
-        seen: set[int] = set()
-        for i, seq in enumerate(seqs):
-            if seq in seen:
-                raise BadRequest(f"{prefix}lines[{i}].seq: {seq} appears twice in this request")
-            seen.add(seq)
+    if not ascending:
+        _refuse_repeated_seqs(seqs, prefix)
     truncated = [False] * len(seqs)
     for i in cut_at:
         truncated[i] = True
@@ -326,12 +333,8 @@ def _columns(instance_id: str, source: str, run_id: str, items: list, prefix: st
                  else parse_ts(t, f"{prefix}lines[{i}].ts", received_us) for i, t in enumerate(stamps)]
     truncated = [False] * len(texts)  # no line reached max_line_bytes // 4 characters (the decoder checked)
     ascending = all(map(operator.lt, seqs, seqs[1:]))
-    if not ascending and len(set(seqs)) != len(seqs):
-        seen: set[int] = set()
-        for i, seq in enumerate(seqs):
-            if seq in seen:
-                raise BadRequest(f"{prefix}lines[{i}].seq: {seq} appears twice in this request")
-            seen.add(seq)
+    if not ascending:
+        _refuse_repeated_seqs(seqs, prefix)
     return LogChunk(instance_id, source, run_id, seqs, ts_us, texts, truncated, ascending)
 
 

@@ -3,6 +3,8 @@ for any body, the same chunks or the same error."""
 
 from __future__ import annotations
 
+import json
+
 import orjson
 from hypothesis import given, settings, strategies as st
 
@@ -62,9 +64,9 @@ def _outcome(fn):
 @settings(max_examples=600, deadline=None)
 @given(bodies, st.sampled_from([16, 64, 1000]), st.sampled_from([codec.Caps(), codec.Caps(lines=5, streams=2)]))
 def test_one_pass_decoder_gives_the_reference_chunks_or_error(doc, max_line_bytes, caps):
-    body = orjson.dumps(doc)
+    body = json.dumps(doc).encode()  # the stdlib writes integers past 64 bits too, as a hostile client may
     fast = _outcome(lambda: codec.parse_logs_body(body, max_line_bytes, 1_700_000_000_000_000, caps))
-    reference = _outcome(lambda: codec.parse_logs(orjson.loads(body), max_line_bytes, 1_700_000_000_000_000, caps))
+    reference = _outcome(lambda: codec.parse_logs(codec.decode_json(body), max_line_bytes, 1_700_000_000_000_000, caps))
     assert fast == reference
 
 
