@@ -173,7 +173,7 @@ class SharedTokens:
         self._lookups = None  # psycopg.AsyncConnection, opened on first use, again after an error
         self._seen: dict[tuple[str, str], float] = {}  # (instance, digest) issued within the window -> when seen
         self._task: asyncio.Task | None = None
-        self.polled = asyncio.Event()  # set after each successful poll (tests wait on it)
+        self._connecting = asyncio.Lock()  # one lookup connection, however many lookups start together
 
     async def start(self) -> None:
         import psycopg
@@ -193,8 +193,7 @@ class SharedTokens:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        if self._lookups is not None:
-            await self._lookups.close()
+        await self._drop_lookups()
 
     async def lookup(self, token_sha: str) -> str | None:
         """The instance ``token_sha`` belongs to in PostgreSQL (cached), or None."""
@@ -203,20 +202,28 @@ class SharedTokens:
         asked_at = time.monotonic()
         try:
             async with asyncio.timeout(self.lookup_timeout_s):
-                if self._lookups is None or self._lookups.closed:
-                    self._lookups = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-                row = await (await self._lookups.execute(
+                async with self._connecting:
+                    if self._lookups is None or self._lookups.closed:
+                        self._lookups = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                    conn = self._lookups
+                row = await (await conn.execute(
                     "SELECT instance_id FROM instance_tokens WHERE token_sha256 = %s LIMIT 1", [token_sha])).fetchone()
         except (psycopg.Error, OSError, TimeoutError) as e:
             logger.warning("instance token lookup failed: %s", type(e).__name__)
-            if self._lookups is not None:
-                await self._lookups.close()
-                self._lookups = None
+            await self._drop_lookups()
             raise Overloaded("the token store (PostgreSQL) did not answer; retry", retry_after_s=self.retry_after_s) from None
+        except asyncio.CancelledError:  # mid-query: the connection's state is unknown
+            await self._drop_lookups()
+            raise
         if row is None:
             return None
         self.book.remember_looked_up(row[0], token_sha, asked_at)
         return row[0]
+
+    async def _drop_lookups(self) -> None:
+        conn, self._lookups = self._lookups, None
+        if conn is not None:
+            await conn.close()
 
     async def poll(self, conn) -> None:
         """Drop the cached tokens of every instance given a token not seen before."""
@@ -231,27 +238,26 @@ class SharedTokens:
         horizon = now - 2 * self.window_s
         self._seen = {k: at for k, at in self._seen.items() if at >= horizon}
         self.book.forget_drops_before(now - max(60.0, 4 * self.lookup_timeout_s))  # no lookup is that old
-        self.polled.set()
 
     async def _run(self) -> None:
         import psycopg
 
         conn = None
-        while True:
-            try:
-                if conn is None or conn.closed:
-                    conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-                await self.poll(conn)
-            except asyncio.CancelledError:
-                if conn is not None:
-                    await conn.close()
-                raise
-            except Exception:  # noqa: BLE001 (a background loop: log, and try again)
-                logger.warning("instance token poll failed; retrying", exc_info=True)
-                if conn is not None:
-                    await conn.close()
-                conn = None
-            await asyncio.sleep(self.poll_s)
+        try:
+            while True:
+                try:
+                    if conn is None or conn.closed:
+                        conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                    await self.poll(conn)
+                except Exception:  # noqa: BLE001 (a background loop: log, and try again)
+                    logger.warning("instance token poll failed; retrying", exc_info=True)
+                    if conn is not None:
+                        await conn.close()
+                    conn = None
+                await asyncio.sleep(self.poll_s)
+        finally:
+            if conn is not None:
+                await conn.close()
 
 
 def write_instance_token(con, instance_id: str, token_sha: str, issued_us: int, *, revoke_old: bool) -> None:
