@@ -6,6 +6,9 @@ path is routed by the instance each part of it names (ingest/slots.py says which
 - ``/api/v1/logs``, ``/api/v1/events``, ``/api/v1/metrics`` (JSON): split by owner, each part
   rebuilt as a body of the same shape;
 - ``/api/log-push`` (plain text): one instance, named by ``X-Instance-Id``, so the body goes whole;
+- ``/api/v1/instances/{id}/token`` (an admin re-issuing a token): whole, so every token of an
+  instance is written by its owner, one at a time (enrollment already is: it is a ``registered``
+  event); ingest/auth.py's SharedTokens makes the result hold on the other nodes;
 - ``/v1/logs``, ``/v1/metrics`` (OTLP/HTTP, protobuf or JSON): the request's resources split by
   their ``service.instance.id``, each part sent as protobuf; the replies' ``partial_success`` merged
   and answered in the client's content type;
@@ -33,6 +36,7 @@ Forwarder.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Callable, Iterable
 
 import aiohttp
@@ -53,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 PATHS = frozenset({"/api/v1/logs", "/api/v1/events", "/api/v1/metrics"})  # JSON, split by owner
 LOG_PUSH = "/api/log-push"
+TOKEN_PATH = re.compile(r"/api/v1/instances/([^/]+)/token")  # an admin re-issuing an instance's token
 OTLP_PATHS = {  # path -> (request type, response type, the request's resources field)
     "/v1/logs": (ExportLogsServiceRequest, ExportLogsServiceResponse, "resource_logs"),
     "/v1/metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse, "resource_metrics"),
@@ -121,9 +126,12 @@ def build_forward_middleware(max_body_bytes: int, caps: Caps):
         if request.path in PATHS:
             return await _json(request, handler, forwarder, max_body_bytes)
         if request.path == LOG_PUSH:
-            return await _log_push(request, handler, forwarder, max_body_bytes)
+            return await _whole(request, handler, forwarder, request.headers.get("X-Instance-Id"), max_body_bytes)
         if request.path in OTLP_PATHS:
             return await _otlp(request, handler, forwarder, max_body_bytes, caps)
+        reissue = TOKEN_PATH.fullmatch(request.path)
+        if reissue is not None:
+            return await _whole(request, handler, forwarder, reissue.group(1), max_body_bytes)
         return await handler(request)
 
     return forward_middleware
@@ -194,17 +202,17 @@ def _merge(answers: list[tuple[int, dict[str, str], bytes]]) -> web.Response:
     return json_response(merged)
 
 
-async def _log_push(request: web.Request, handler, forwarder: Forwarder, max_body_bytes: int) -> web.StreamResponse:
-    """The body goes whole to the owner of ``X-Instance-Id`` (read only when it must be sent)."""
-    instance_id = request.headers.get("X-Instance-Id")
+async def _whole(request: web.Request, handler, forwarder: Forwarder, instance_id: str | None,
+                 max_body_bytes: int) -> web.StreamResponse:
+    """A request about one instance goes whole to its owner (its body read only when it must be sent)."""
     if not instance_id or check_id(instance_id) is not None:
-        return await handler(request)  # 400 there, naming the header
+        return await handler(request)  # 400 there, naming the header or the path
     url = forwarder.owner(instance_id, FORWARDED in request.headers)
     if url is None:
         return await handler(request)
     body = await read_body(request, max_body_bytes)
     headers = {k: request.headers[k] for k in ("X-Instance-Id", "X-Log-Source", "Content-Type") if k in request.headers}
-    status, got, reply = await forwarder.post(url, request.path, body, {**headers, **_auth(request)})
+    status, got, reply = await forwarder.post(url, request.rel_url.raw_path, body, {**headers, **_auth(request)})
     if status != 200:
         return _relay(status, got, reply)
     return web.Response(body=reply, content_type="application/json")

@@ -274,7 +274,7 @@ def test_a_token_issued_or_revoked_on_one_node_holds_on_every_node(cluster, tmp_
         status, reply = log_push(node, instance_id, "managerlog", [f"with the first token via {node.name}"], first)
         assert status == 200, (node.name, reply[:300])
 
-    # an admin re-issues it on a node that is not the owner: the first token is revoked
+    # an admin re-issues it through a node that is not the owner (which forwards it): the first token is revoked
     status, _h, reply = post(a.url + f"/api/v1/instances/{instance_id}/token", b"", {"Authorization": f"Bearer {ADMIN}"})
     assert status == 200, reply[:300]
     second = json.loads(reply)["token"]
