@@ -70,8 +70,8 @@ class Lake:
 @pytest.fixture(scope="module")
 def cluster(postgres, tmp_path_factory):  # noqa: F811
     nodes: list[Node] = []
-    try:
-        yield start_cluster(postgres, tmp_path_factory.mktemp("fwd"), nodes)
+    try:  # leases of 10 s: a renewal delayed by a loaded machine does not move slots mid-test
+        yield start_cluster(postgres, tmp_path_factory.mktemp("fwd"), nodes, "--lake-lease-s", "10")
     finally:
         for node in nodes:
             node.kill(signal.SIGTERM)
