@@ -225,6 +225,12 @@ def write_batch(
     return fresh, results
 
 
+def warm_up() -> None:
+    """Import what DuckDB's first scan of an Arrow table imports (pyarrow.dataset and pyarrow.compute:
+    ~0.3 s holding the GIL), so that the first group commit does not pay for it."""
+    import pyarrow.dataset  # noqa: F401
+
+
 def _insert_logs(con: duckdb.DuckDBPyConnection, logs: LogColumns, received_us: int) -> None:
     table = pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA)
     con.from_arrow(table).project(LOG_COLUMNS_SQL.format(received_us=int(received_us))).insert_into("logs")
