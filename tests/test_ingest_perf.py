@@ -84,8 +84,8 @@ async def test_duckdb_runs_one_thread_by_default_and_its_default_on_zero(make_cl
 
 
 async def test_groups_with_and_without_the_instances_upsert_both_store_every_line(client):
-    """A group of pushes from a known instance is one autocommitted INSERT; one that must write the
-    instance's row is a BEGIN/COMMIT transaction. Pushed together and apart, every line lands once."""
+    """Groups of pushes from known instances (no instances upsert) and groups that must write an
+    instance's row both commit every line once, pushed together and apart."""
     pushes = [post(client, "/api/v1/logs", {"instance_id": f"C.{i % 3}", "source": "s",
                                             "lines": [{"seq": i * 10 + k, "line": f"l{i} {k}"} for k in range(10)]})
               for i in range(30)]
