@@ -4,9 +4,10 @@ Bodies of 1,000 lines of one (instance, source), ~133 B a line, sent by a client
 process over loopback. The reference, measured in the same run on the same machine, is DuckDB taking
 those rows in-process: one Arrow table, appended in transactions of REFERENCE_COMMIT_ROWS (100k)
 rows, each an INSERT and a COMMIT, into a fresh database file with the same schema (decode excluded:
-the floor). It is measured twice per round, with the server's DuckDB settings (``store.open_database``:
-one DuckDB thread) and with DuckDB's default threads (one per core), and the ratio is taken against
-the faster of the two. Target: ingest >= 0.5x the reference.
+the floor). It is measured twice per round, with one DuckDB thread and with DuckDB's default threads
+(one per core, the server's default), and the ratio is taken against the faster of the two. The
+server runs with its settings from the environment: ``FLEETLOG_DUCKDB_THREADS=1`` measures the
+small-host setting. Target: ingest >= 0.5x the reference.
 
 Two client fleets, alternating with the reference in every round:
 - 8 connections (the figure measured since the issue was filed). Ack after commit means at most 8

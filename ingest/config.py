@@ -112,7 +112,8 @@ class Settings:
     advertise_url: str = _setting("", "lake mode: base URL other nodes forward pushes to (empty: http://host:port)")
     lake_lease_s: float = _setting(6.0, "lake mode: how long a node's lease on its instances lasts without renewal", minimum=1)
     duckdb_threads: int = _setting(
-        1, "DuckDB's worker threads (0: one per core); with more than one, the thread waiting for a statement spins", minimum=0
+        0, "DuckDB's worker threads (0: one per core); 1 saves ingest CPU on a small host, but each query then uses one core",
+        minimum=0,
     )
 
     @property

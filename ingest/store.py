@@ -59,7 +59,7 @@ def migrations() -> list[tuple[int, str, str]]:
 TEMP_DIR_FACTOR = 8  # spilled query state may take this many times the memory limit on disk
 
 
-def open_database(path: str | Path, memory_limit_mb: int = 256, threads: int = 1) -> duckdb.DuckDBPyConnection:
+def open_database(path: str | Path, memory_limit_mb: int = 256, threads: int = 0) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) and migrate the database, then lock it down for readers.
 
     DuckDB's memory is capped at ``memory_limit_mb``, beyond which queries spill to
@@ -72,7 +72,10 @@ def open_database(path: str | Path, memory_limit_mb: int = 256, threads: int = 1
     sched_yield) while a worker does the work: measured on the writer's group commits on 2 cores,
     that spinning was over a third of the writer thread's CPU, and one thread appends the same rows
     in half the CPU and less time (bench/ingest_throughput.py). Each cursor still runs its own
-    statement on its own thread, so reads stay concurrent; one statement uses one core.
+    statement on its own thread, so reads stay concurrent; one statement uses one core. That is why
+    the server's default is DuckDB's own (``duckdb_threads`` 0): on a host with many cores a search or
+    a SQL query over millions of rows scans in parallel, and the spinning costs cores that are idle;
+    1 suits a small host that mostly ingests.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
