@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import logging
 import math
+import re
 import secrets
 import threading
 import time
@@ -32,6 +33,7 @@ from ingest.errors import Forbidden, Overloaded, RateLimited, Unauthorized
 logger = logging.getLogger(__name__)
 
 PUBLIC, PUSH, READ, ADMIN = "public", "push", "read", "admin"
+INSTANCE_TOKEN = re.compile(r"fli_[A-Za-z0-9_-]{43}")  # what TokenBook.new_token makes (32 random bytes)
 
 
 def requires(role: str):
@@ -102,7 +104,10 @@ class TokenBook:
             shared = self.shared
             if shared is None or not authorization or not authorization.startswith("Bearer "):
                 raise
-        instance_id = await shared.lookup(digest(authorization[7:].strip()))
+        token = authorization[7:].strip()
+        if not INSTANCE_TOKEN.fullmatch(token):  # not one new_token could have made: never asked about
+            raise Unauthorized("unknown token")
+        instance_id = await shared.lookup(digest(token))
         if instance_id is None:
             raise Unauthorized("unknown token")
         return Principal("instance", instance_id)
@@ -129,7 +134,7 @@ class TokenBook:
 
     @staticmethod
     def new_token() -> tuple[str, str]:
-        token = "fli_" + secrets.token_urlsafe(32)
+        token = "fli_" + secrets.token_urlsafe(32)  # INSTANCE_TOKEN's shape
         return token, digest(token)
 
     def remember(self, instance_id: str, token_sha: str) -> None:
@@ -137,11 +142,14 @@ class TokenBook:
             self._instances[token_sha] = instance_id
 
     def replace(self, instance_id: str, token_sha: str) -> None:
-        """The instance's only token is now ``token_sha``: every earlier one stops working."""
+        """The instance's only token is now ``token_sha``: every earlier one stops working (and a
+        SharedTokens poll whose rows were read before now does not bring one back)."""
         with self._lock:
             for known in [k for k, owner in self._instances.items() if owner == instance_id]:
                 del self._instances[known]
             self._instances[token_sha] = instance_id
+            if self.shared is not None:
+                self._dropped_at[instance_id] = time.monotonic()
 
     def has_token(self, instance_id: str) -> bool:
         with self._lock:
@@ -161,19 +169,36 @@ class SharedTokens:
       loses every other token cached for it; a lookup that started before that drop does not cache
       its answer. ``issued_at`` is the issuing node's clock, so the nodes' clocks and PostgreSQL's
       must agree within ``window_s``.
+    - Polled tokens are cached too: a token issued on another node works here within ``poll_s``
+      without any lookup, so a lookup refused (below) costs its agent one retry at most.
+    - A client without a valid token cannot crowd out the lookups: only a token of
+      ``INSTANCE_TOKEN``'s shape is looked up; one missed is answered 401 without asking again for
+      ``miss_ttl_s`` (a token is in PostgreSQL before any agent holds it, so a miss is never a token
+      about to be issued); one already being looked up waits for that answer; and at most
+      ``max_lookups_in_flight`` distinct tokens are asked about at a time, the next ones answered 503 +
+      Retry-After at once instead of queueing behind the one lookup connection.
     - Cost: one query per node per ``poll_s`` reading only recent rows, and one per token a node
-      meets for the first time (or again after a re-issue). The dictionary lookup of the hot path
-      is unchanged.
+      meets for the first time (or again after a re-issue), never more than ``max_lookups_in_flight``
+      at once. The dictionary lookup of the hot path is unchanged.
     """
 
+    MAX_MISSES = 10_000  # missed digests remembered at most (a flood of fresh ones is bounded by the cap)
+
     def __init__(self, book: TokenBook, dsn: str, *, poll_s: float = 1.0, window_s: float = 120.0,
-                 lookup_timeout_s: float = 5.0, retry_after_s: int = 1) -> None:
+                 lookup_timeout_s: float = 5.0, retry_after_s: int = 1, max_lookups_in_flight: int = 8,
+                 miss_ttl_s: float = 1.0) -> None:
         self.book, self.dsn = book, dsn
         self.poll_s, self.window_s, self.lookup_timeout_s, self.retry_after_s = poll_s, window_s, lookup_timeout_s, retry_after_s
+        self.max_lookups_in_flight, self.miss_ttl_s = max_lookups_in_flight, miss_ttl_s
         self._lookups = None  # psycopg.AsyncConnection, opened on first use, again after an error
         self._seen: dict[tuple[str, str], float] = {}  # (instance, digest) issued within the window -> when seen
         self._task: asyncio.Task | None = None
         self._connecting = asyncio.Lock()  # one lookup connection, however many lookups start together
+        self._pending: dict[str, asyncio.Task] = {}  # digest -> its lookup in flight
+        self._misses: dict[str, float] = {}  # digest -> until when it is answered 401 without asking
+        self.queries = 0  # lookups sent to PostgreSQL
+        self.refused = 0  # lookups refused (503) because max_lookups_in_flight were in flight
+        self.most_in_flight = 0
 
     async def start(self) -> None:
         import psycopg
@@ -187,16 +212,32 @@ class SharedTokens:
         self._task = asyncio.create_task(self._run(), name="fleetlog-shared-tokens")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for task in [self._task, *self._pending.values()]:
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 (its waiters had its answer)
+                    pass
         await self._drop_lookups()
 
     async def lookup(self, token_sha: str) -> str | None:
         """The instance ``token_sha`` belongs to in PostgreSQL (cached), or None."""
+        now = time.monotonic()
+        if self._misses.get(token_sha, -math.inf) > now:
+            return None
+        pending = self._pending.get(token_sha)
+        if pending is None:
+            if len(self._pending) >= self.max_lookups_in_flight:
+                self.refused += 1
+                raise Overloaded("too many unknown tokens are being looked up; retry", retry_after_s=self.retry_after_s)
+            pending = self._pending[token_sha] = asyncio.create_task(self._ask(token_sha))
+            pending.add_done_callback(lambda task: (self._pending.pop(token_sha, None),
+                                                    task.cancelled() or task.exception()))
+            self.most_in_flight = max(self.most_in_flight, len(self._pending))
+        return await asyncio.shield(pending)  # a client gone does not cancel the query others wait for
+
+    async def _ask(self, token_sha: str) -> str | None:
         import psycopg
 
         asked_at = time.monotonic()
@@ -206,6 +247,7 @@ class SharedTokens:
                     if self._lookups is None or self._lookups.closed:
                         self._lookups = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
                     conn = self._lookups
+                self.queries += 1
                 row = await (await conn.execute(
                     "SELECT instance_id FROM instance_tokens WHERE token_sha256 = %s LIMIT 1", [token_sha])).fetchone()
         except (psycopg.Error, OSError, TimeoutError) as e:
@@ -216,9 +258,17 @@ class SharedTokens:
             await self._drop_lookups()
             raise
         if row is None:
+            self._remember_miss(token_sha, time.monotonic())
             return None
         self.book.remember_looked_up(row[0], token_sha, asked_at)
         return row[0]
+
+    def _remember_miss(self, token_sha: str, now: float) -> None:
+        if len(self._misses) >= self.MAX_MISSES:
+            self._misses = {k: until for k, until in self._misses.items() if until > now}
+            if len(self._misses) >= self.MAX_MISSES:
+                return
+        self._misses[token_sha] = now + self.miss_ttl_s
 
     async def _drop_lookups(self) -> None:
         conn, self._lookups = self._lookups, None
@@ -226,11 +276,20 @@ class SharedTokens:
             await conn.close()
 
     async def poll(self, conn) -> None:
-        """Drop the cached tokens of every instance given a token not seen before."""
+        """Cache the tokens issued in the window, and drop the cached tokens of every instance given
+        a token not seen before."""
+        asked_at = time.monotonic()
         rows = await (await conn.execute(
             "SELECT instance_id, token_sha256 FROM instance_tokens "
             "WHERE issued_at > (now() AT TIME ZONE 'UTC') - make_interval(secs => %s)", [self.window_s])).fetchall()
+        self.take_rows(rows, asked_at)
+
+    def take_rows(self, rows, asked_at: float) -> None:
+        """``rows`` (instance, digest) were read from PostgreSQL at ``asked_at``."""
         now = time.monotonic()
+        for instance_id, token_sha in rows:  # not if the instance's tokens were dropped since asked_at
+            self.book.remember_looked_up(instance_id, token_sha, asked_at)
+            self._misses.pop(token_sha, None)
         for instance_id, token_sha in rows:
             if (instance_id, token_sha) not in self._seen:
                 self.book.drop_others(instance_id, token_sha)
