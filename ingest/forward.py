@@ -49,6 +49,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingest import otlp
+from ingest.auth import OPEN, PRINCIPAL, Principal, check_instances
 from ingest.codec import Caps, check_id
 from ingest.errors import BadRequest, Overloaded
 from ingest.handlers.http import PRELOADED_BODY, json_response, read_body
@@ -173,6 +174,8 @@ async def _json(request: web.Request, handler, forwarder: Forwarder, max_body_by
         groups.setdefault(url, []).append(item)
     if list(groups) == [None]:
         return await handler(request)
+    kinds = {str(i.get("kind")) for i in items} if request.path == "/api/v1/events" else None
+    check_instances(request.get(PRINCIPAL, OPEN), {i["instance_id"] for i in items}, kinds)  # before any part is written
     answers: list[tuple[int, dict[str, str], bytes]] = []
     if None in groups:
         request[PRELOADED_BODY] = orjson.dumps(rebuild(groups.pop(None)))
@@ -210,6 +213,8 @@ async def _whole(request: web.Request, handler, forwarder: Forwarder, instance_i
     url = forwarder.owner(instance_id, FORWARDED in request.headers)
     if url is None:
         return await handler(request)
+    if request.path == LOG_PUSH:  # refused here as the owner would, not a hop later
+        check_instances(request.get(PRINCIPAL, OPEN), {instance_id})
     body = await read_body(request, max_body_bytes)
     headers = {k: request.headers[k] for k in ("X-Instance-Id", "X-Log-Source", "Content-Type") if k in request.headers}
     status, got, reply = await forwarder.post(url, request.rel_url.raw_path, body, {**headers, **_auth(request)})
@@ -233,11 +238,13 @@ def otlp_count(message) -> int:
     return total
 
 
-def split_otlp(message, forwarder: Forwarder, forwarded: bool, caps: Caps) -> tuple[Any, dict[str, Any]]:
+def split_otlp(message, forwarder: Forwarder, forwarded: bool, caps: Caps,
+               principal: Principal) -> tuple[Any, dict[str, Any]]:
     """(this node's part or None, {owner URL: its part}) of an OTLP request, by resource. A resource
     whose ``service.instance.id`` is missing or unacceptable stays here (the converter rejects it in
     partial_success, or refuses the request with a 400 naming it); the whole request is counted
-    against the caps first, as one node would."""
+    against the caps first, and checked against ``principal`` before it is split (403: no part is
+    written anywhere), as one node would."""
     caps.check("log records" if isinstance(message, ExportLogsServiceRequest) else "metric data points",
                otlp_count(message), caps.lines, "max_lines_per_request")
     field = "resource_logs" if isinstance(message, ExportLogsServiceRequest) else "resource_metrics"
@@ -249,6 +256,7 @@ def split_otlp(message, forwarder: Forwarder, forwarded: bool, caps: Caps) -> tu
     urls = forwarder.group(ids, forwarded)
     if all(url is None for url in urls):
         return message, {}
+    check_instances(principal, {i for i in ids if i is not None})
     parts: dict[str | None, Any] = {}
     for resource, url in zip(resources, urls):
         part = parts.get(url)
@@ -301,7 +309,7 @@ async def _otlp(request: web.Request, handler, forwarder: Forwarder, max_body_by
         message = otlp.parse(body, content_type, request_type)
     except BadRequest:
         return await handler(request)  # the handler refuses it with the same message
-    local, remote = split_otlp(message, forwarder, FORWARDED in request.headers, caps)
+    local, remote = split_otlp(message, forwarder, FORWARDED in request.headers, caps, request.get(PRINCIPAL, OPEN))
     if local is not None:
         request[OTLP_MESSAGE] = local
     if not remote:

@@ -65,7 +65,7 @@ class _Receiver:
                 charge.cover(request.ByteSize())
             remote = {}
             if self.forwarder is not None:
-                request, remote = split_otlp(request, self.forwarder, False, self.caps)
+                request, remote = split_otlp(request, self.forwarder, False, self.caps, principal)
             replies = []
             if request is not None:
                 converted = convert(request)

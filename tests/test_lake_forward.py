@@ -328,3 +328,48 @@ def test_a_forward_the_owner_cannot_take_is_503_with_retry_after_then_lands_once
     rows = doomed_cluster.stored(tmp_path, f"SELECT source, seq, line FROM logs WHERE instance_id = '{instance_id}' ORDER BY source, seq")
     assert rows == [("collector", 0, f"{instance_id} collector 0"), ("collector", 1, f"{instance_id} collector 1"),
                     ("managerlog", 0, "line while the owner is dead")]
+
+
+def test_an_instance_token_pushes_only_its_own_instance_whichever_node_it_reaches(cluster, tmp_path):
+    """The holder of C.1's token tries to write C.2's rows through the forwarding: split bodies,
+    OTLP resources naming C.2, log-push's X-Instance-Id, a forged forwarding header, the read token.
+    Every try is refused as one node refuses it (403, nothing of the request stored, C.1's part
+    neither), whichever node it reaches."""
+    dsn, nodes = cluster.dsn, cluster.nodes
+    by_name = {n.name: n for n in nodes}
+    owner_of = slot_owners(dsn)
+    mine = "C.atk.1"
+    theirs = next(f"C.atk.{k}" for k in itertools.count(2) if owner_of[slot_of(f"C.atk.{k}")] != owner_of[slot_of(mine)])
+    my_owner, their_owner = by_name[owner_of[slot_of(mine)]], by_name[owner_of[slot_of(theirs)]]
+    third = next(n for n in nodes if n not in (my_owner, their_owner))
+    token = _enroll(third, mine)
+    auth = {"Authorization": f"Bearer {token}"}
+
+    def stream(instance_id: str) -> dict:
+        return {"instance_id": instance_id, "source": "attack", "lines": [{"seq": 0, "ts": time.time(), "line": "x"}]}
+
+    split = json.dumps({"streams": [stream(mine), stream(theirs)]}).encode()
+    otlp_split = collector_body([mine, theirs], "attack")
+    for node in (my_owner, third, their_owner):
+        status, _h, reply = post(node.url + "/api/v1/logs", split, {"Content-Type": "application/json", **auth})
+        assert status == 403, (node.name, status, reply[:300])
+        status, _h, reply = post(node.url + "/v1/logs", otlp_split.SerializeToString(),
+                                 {"Content-Type": "application/x-protobuf", **auth})
+        assert status == 403, (node.name, status, reply[:300])
+        with grpc.insecure_channel(node.grpc) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                logs_service_pb2_grpc.LogsServiceStub(channel).Export(
+                    otlp_split, metadata=[("authorization", f"Bearer {token}")], timeout=60)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, (node.name, refused.value)
+        status, _h, reply = post(node.url + "/api/log-push", b"x\n", {"X-Instance-Id": theirs, "X-Log-Source": "attack",
+                                                                      "Content-Type": "text/plain", **auth})
+        assert status == 403, (node.name, status, reply[:300])
+        # a header only nodes should send, sent by the client: no check is skipped
+        status, _h, reply = post(node.url + "/api/v1/logs", json.dumps(stream(theirs)).encode(),
+                                 {"Content-Type": "application/json", "X-Fleetlog-Forwarded": their_owner.name, **auth})
+        assert status in (403, 503), (node.name, status, reply[:300])
+        status, _h, reply = post(node.url + "/api/v1/logs", json.dumps(stream(theirs)).encode(),
+                                 {"Content-Type": "application/json", "Authorization": f"Bearer {READ}"})
+        assert status == 403, (node.name, status, reply[:300])
+    rows = cluster.stored(tmp_path, f"SELECT instance_id, count(*) FROM logs WHERE instance_id IN ('{mine}', '{theirs}') GROUP BY 1")
+    assert rows == []
