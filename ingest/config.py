@@ -115,6 +115,10 @@ class Settings:
         0, "DuckDB's worker threads (0: one per core); 1 saves ingest CPU on a small host, but each query then uses one core",
         minimum=0,
     )
+    forward_timeout_s: float = _setting(
+        10.0, "lake mode: how long a push forwarded to its instance's owner may take before the client gets 503 + Retry-After",
+        minimum=0.1,
+    )
 
     @property
     def tokens_enabled(self) -> bool:

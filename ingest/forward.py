@@ -53,6 +53,7 @@ from ingest.auth import OPEN, PRINCIPAL, Principal, check_instances
 from ingest.codec import Caps, check_id
 from ingest.errors import BadRequest, Overloaded
 from ingest.handlers.http import PRELOADED_BODY, json_response, read_body
+from ingest.keys import SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -105,10 +106,13 @@ FORWARDER = web.AppKey("forwarder", Forwarder)
 
 def session_ctx(slots_of: Callable[[web.Application], Any], retry_after_s: int):
     """The app's Forwarder and its HTTP client session (lake mode only); ``slots_of(app)``: the
-    node's ingest.slots.Slots, once the core is open."""
+    node's ingest.slots.Slots, once the core is open. A forward taking longer than
+    ``forward_timeout_s`` (an owner hung, not dead: its lease still live) is a 503 + Retry-After, so
+    the client is not held for longer than its own timeout would wait."""
 
     async def ctx(app: web.Application):
-        timeout = aiohttp.ClientTimeout(total=60, sock_connect=5)
+        limit_s = app[SETTINGS].forward_timeout_s
+        timeout = aiohttp.ClientTimeout(total=limit_s, sock_connect=min(5.0, limit_s))
         async with aiohttp.ClientSession(timeout=timeout) as session:
             app[FORWARDER] = Forwarder(slots_of(app), session, retry_after_s)
             yield

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import signal
 import time
@@ -83,7 +84,7 @@ def doomed_cluster(postgres, tmp_path):  # noqa: F811
     slots stay its own long enough for the entry node to try (and fail) to reach it."""
     nodes: list[Node] = []
     try:
-        yield start_cluster(postgres, tmp_path, nodes, "--lake-lease-s", "20")
+        yield start_cluster(postgres, tmp_path, nodes, "--lake-lease-s", "20", "--forward-timeout-s", "3")
     finally:
         for node in nodes:
             node.kill(signal.SIGTERM)
@@ -303,9 +304,16 @@ def test_a_forward_the_owner_cannot_take_is_503_with_retry_after_then_lands_once
     victim = nodes[2]
     instance_id = next(f"C.dead.{k}" for k in itertools.count() if owner_of[slot_of(f"C.dead.{k}")] == victim.name)
     entry = nodes[0]
-    victim.kill()  # SIGKILL: its leases stay live until they expire, so the entry node still routes to it
     headers = {"X-Instance-Id": instance_id, "X-Log-Source": "managerlog", "Content-Type": "text/plain",
                "Authorization": f"Bearer {ADMIN}"}
+    # hung first (SIGSTOP: connections are accepted, nothing answers): the client is not held past the
+    # forward timeout (3 s here), and is told to retry
+    os.killpg(victim.proc.pid, signal.SIGSTOP)
+    asked = time.monotonic()
+    status, got, reply = post(entry.url + "/api/log-push", b"line while the owner hangs\n", headers)
+    assert status == 503 and int(got["Retry-After"]) >= 1, (status, reply[:300])
+    assert time.monotonic() - asked < 20, time.monotonic() - asked
+    victim.kill()  # SIGKILL: its leases stay live until they expire, so the entry node still routes to it
     status, got, reply = post(entry.url + "/api/log-push", b"line while the owner is dead\n", headers)
     assert status == 503 and int(got["Retry-After"]) >= 1, (status, reply[:300])
     otlp = collector_body([instance_id], "collector")
