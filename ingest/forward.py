@@ -129,7 +129,7 @@ def build_forward_middleware(max_body_bytes: int, caps: Caps):
         if forwarder is None:
             return await handler(request)
         if request.path in PATHS:
-            return await _json(request, handler, forwarder, max_body_bytes)
+            return await _json(request, handler, forwarder, max_body_bytes, caps)
         if request.path == LOG_PUSH:
             return await _whole(request, handler, forwarder, request.headers.get("X-Instance-Id"), max_body_bytes)
         if request.path in OTLP_PATHS:
@@ -163,7 +163,18 @@ def _items(path: str, doc: Any) -> tuple[list[Any], Any] | None:
     return None
 
 
-async def _json(request: web.Request, handler, forwarder: Forwarder, max_body_bytes: int) -> web.StreamResponse:
+def _check_caps(path: str, items: list[Any], caps: Caps) -> None:
+    """413 for a split request over a cap (codec's counts and messages)."""
+    if path == "/api/v1/events":
+        caps.check("events", len(items), caps.events, "max_events_per_request")
+    elif path == "/api/v1/logs":
+        caps.check("streams", len(items), caps.streams, "max_streams_per_request")
+        lines = sum(len(i["lines"]) for i in items if isinstance(i.get("lines"), list))
+        caps.check("lines", lines, caps.lines, "max_lines_per_request")
+
+
+async def _json(request: web.Request, handler, forwarder: Forwarder, max_body_bytes: int,
+                caps: Caps) -> web.StreamResponse:
     body = await read_body(request, max_body_bytes)
     request[PRELOADED_BODY] = body
     try:
@@ -178,6 +189,7 @@ async def _json(request: web.Request, handler, forwarder: Forwarder, max_body_by
         groups.setdefault(url, []).append(item)
     if list(groups) == [None]:
         return await handler(request)
+    _check_caps(request.path, items, caps)  # the whole request, as one node counts it, not each part
     kinds = {str(i.get("kind")) for i in items} if request.path == "/api/v1/events" else None
     check_instances(request.get(PRINCIPAL, OPEN), {i["instance_id"] for i in items}, kinds)  # before any part is written
     answers: list[tuple[int, dict[str, str], bytes]] = []

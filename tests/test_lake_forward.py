@@ -381,3 +381,27 @@ def test_an_instance_token_pushes_only_its_own_instance_whichever_node_it_reache
         assert status == 403, (node.name, status, reply[:300])
     rows = cluster.stored(tmp_path, f"SELECT instance_id, count(*) FROM logs WHERE instance_id IN ('{mine}', '{theirs}') GROUP BY 1")
     assert rows == []
+    for node in nodes:  # every refused request, forwarded or not, gave its share of the memory budget back
+        assert requests_bytes(node) == 0, node.name
+
+
+def requests_bytes(node: Node) -> float:
+    request = urllib.request.Request(node.url + "/metrics", headers={"Authorization": f"Bearer {READ}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return float(re.search(r"^fleetlog_memory_requests_bytes (\S+)$", r.read().decode(), re.MULTILINE).group(1))
+
+
+def test_a_request_split_across_owners_is_capped_as_a_whole(cluster, tmp_path):
+    """One node refuses 1,001 streams, or 1,001 events, in one request (413); split across three
+    owners, each part is under the cap, and the whole must still be refused, with nothing stored."""
+    ids = [f"C.cap.{k}" for k in range(1001)]
+    assert len({slot_owners(cluster.dsn)[slot_of(i)] for i in ids}) == 3
+    auth = {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN}"}
+    streams = {"streams": [{"instance_id": i, "source": "cap", "lines": [{"seq": 0, "ts": time.time(), "line": "x"}]}
+                           for i in ids]}
+    events = [{"instance_id": i, "kind": "running", "ts": time.time()} for i in ids]
+    for path, body in (("/api/v1/logs", streams), ("/api/v1/events", events)):
+        status, _h, reply = post(cluster.nodes[0].url + path, json.dumps(body).encode(), auth)
+        assert status == 413, (path, status, reply[:300])
+    rows = cluster.stored(tmp_path, "SELECT count(*) FROM logs WHERE instance_id LIKE 'C.cap.%'")
+    assert rows == [(0,)]
