@@ -39,6 +39,7 @@ pytestmark = [pytest.mark.lake, pytest.mark.slow]
 
 ENROLL, READ, ADMIN = "enroll-f1", "read-f1", "admin-f1"
 TOKENS = ("--enroll-token", ENROLL, "--read-token", READ, "--admin-token", ADMIN)
+MAX_BODY_BYTES = 2**20  # the shared cluster's, so that a body near it stays cheap to send
 REVOKE_BOUND_S = 2.0  # docs/scale-out.md: a revoked token is refused everywhere within this (given an idle machine)
 
 
@@ -72,7 +73,8 @@ class Lake:
 def cluster(postgres, tmp_path_factory):  # noqa: F811
     nodes: list[Node] = []
     try:  # leases of 10 s: a renewal delayed by a loaded machine does not move slots mid-test
-        yield start_cluster(postgres, tmp_path_factory.mktemp("fwd"), nodes, "--lake-lease-s", "10")
+        yield start_cluster(postgres, tmp_path_factory.mktemp("fwd"), nodes, "--lake-lease-s", "10",
+                            "--max-body-bytes", str(MAX_BODY_BYTES))
     finally:
         for node in nodes:
             node.kill(signal.SIGTERM)
@@ -405,3 +407,22 @@ def test_a_request_split_across_owners_is_capped_as_a_whole(cluster, tmp_path):
         assert status == 413, (path, status, reply[:300])
     rows = cluster.stored(tmp_path, "SELECT count(*) FROM logs WHERE instance_id LIKE 'C.cap.%'")
     assert rows == [(0,)]
+
+
+def test_a_body_under_the_limit_is_not_refused_for_what_forwarding_makes_of_it(cluster):
+    """A number written as ``1e15`` is 4 bytes; parsed and written again it is 18. A JSON body under
+    max_body_bytes that the entry node re-encoded for its owner came out over it (413 from the
+    owner, where the owner itself would have taken the same body)."""
+    nodes = cluster.nodes
+    by_name = {n.name: n for n in nodes}
+    instance_id = "C.big.1"
+    owner = by_name[slot_owners(cluster.dsn)[slot_of(instance_id)]]
+    entry = next(n for n in nodes if n is not owner)
+    labels = ",".join(f'"k{k}":1e15' for k in range(60_000))
+    body = ('{"instance_id":"%s","samples":[{"name":"wide","ts":%f,"value":1,"labels":{%s}}]}'
+            % (instance_id, time.time(), labels)).encode()
+    assert MAX_BODY_BYTES // 2 < len(body) < MAX_BODY_BYTES < len(json.dumps(json.loads(body)).encode())
+    auth = {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN}"}
+    for node in (owner, entry):
+        status, reply = post_until_acked(node.url + "/api/v1/metrics", body, auth)
+        assert status == 200, (node.name, status, reply[:300])
