@@ -315,6 +315,7 @@ def test_a_forward_the_owner_cannot_take_is_503_with_retry_after_then_lands_once
     status, got, reply = post(entry.url + "/api/log-push", b"line while the owner hangs\n", headers)
     assert status == 503 and int(got["Retry-After"]) >= 1, (status, reply[:300])
     assert time.monotonic() - asked < 20, time.monotonic() - asked
+    assert requests_bytes(entry) == 0  # the entry node's share of the budget is handed back with the 503
     victim.kill()  # SIGKILL: its leases stay live until they expire, so the entry node still routes to it
     status, got, reply = post(entry.url + "/api/log-push", b"line while the owner is dead\n", headers)
     assert status == 503 and int(got["Retry-After"]) >= 1, (status, reply[:300])
