@@ -24,6 +24,7 @@ import re
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -195,7 +196,7 @@ class SharedTokens:
         self._task: asyncio.Task | None = None
         self._connecting = asyncio.Lock()  # one lookup connection, however many lookups start together
         self._pending: dict[str, asyncio.Task] = {}  # digest -> its lookup in flight
-        self._misses: dict[str, float] = {}  # digest -> until when it is answered 401 without asking
+        self._misses: OrderedDict[str, float] = OrderedDict()  # digest -> until when it is a 401 without asking
         self.queries = 0  # lookups sent to PostgreSQL
         self.refused = 0  # lookups refused (503) because max_lookups_in_flight were in flight
         self.most_in_flight = 0
@@ -264,11 +265,13 @@ class SharedTokens:
         return row[0]
 
     def _remember_miss(self, token_sha: str, now: float) -> None:
-        if len(self._misses) >= self.MAX_MISSES:
-            self._misses = {k: until for k, until in self._misses.items() if until > now}
-            if len(self._misses) >= self.MAX_MISSES:
-                return
-        self._misses[token_sha] = now + self.miss_ttl_s
+        """Oldest first (every entry lives ``miss_ttl_s``): the expired, and past ``MAX_MISSES`` the
+        oldest, leave from the front, in constant time per miss however fast a flood makes them."""
+        misses = self._misses
+        misses.pop(token_sha, None)
+        while misses and (len(misses) >= self.MAX_MISSES or next(iter(misses.values())) <= now):
+            misses.popitem(last=False)
+        misses[token_sha] = now + self.miss_ttl_s
 
     async def _drop_lookups(self) -> None:
         conn, self._lookups = self._lookups, None

@@ -233,3 +233,29 @@ async def test_the_poll_brings_tokens_issued_elsewhere_and_a_reissue_here_is_not
             book.identify(bearer(token))
     finally:
         await book.shared.close()
+
+
+@pytest.mark.lake
+async def test_the_memory_of_misses_is_bounded_and_keeps_the_newest(postgres):  # noqa: F811
+    """A flood of fresh made-up tokens fills the memory of misses: it stays within its bound by
+    forgetting the oldest, and goes on remembering the newest (those a client repeats)."""
+    dsn = _token_table(postgres)
+    book = TokenBook("enroll", "read", ADMIN)
+    book.shared = SharedTokens(book, dsn, poll_s=3600, miss_ttl_s=60)
+    book.shared.MAX_MISSES = 4
+    await book.shared.start()
+    try:
+        made_up = [TokenBook.new_token()[0] for _ in range(10)]
+        for token in made_up:
+            with pytest.raises(Unauthorized):
+                await book.authenticate(bearer(token))
+        assert book.shared.queries == 10
+        for token in made_up[-4:]:  # remembered: no query
+            with pytest.raises(Unauthorized):
+                await book.authenticate(bearer(token))
+        assert book.shared.queries == 10
+        with pytest.raises(Unauthorized):  # forgotten: asked again
+            await book.authenticate(bearer(made_up[0]))
+        assert book.shared.queries == 11
+    finally:
+        await book.shared.close()
