@@ -15,13 +15,18 @@ path is routed by the instance each part of it names (ingest/slots.py says which
 - OTLP/gRPC (ingest/otlpgrpc.py): split the same way, each other part POSTed to the owner's
   ``/v1/logs`` or ``/v1/metrics`` as protobuf.
 
-The part this node owns is handled here first (a malformed body is refused before anything is
-forwarded), then each other part is POSTed to its owner's advertise URL with the client's own
-Authorization header. Exactly once holds across the hop:
+A request split across owners is refused whole, as one node would refuse it, before any part is
+written anywhere: the token checked against every instance it names (403), the whole counted against
+the caps (413), an enrollment naming an instance that exists (409). The part this node owns is
+handled here first (a malformed body is refused before anything is forwarded), then each other part
+is POSTed to its owner's advertise URL with the client's own Authorization header, which the owner
+checks again: the hop adds no trust. A body going whole to one owner is sent as received. Exactly
+once holds across the hop:
 
 - the client is answered only after every owner answered 200, which each does after its commit;
 - the first part refused is the answer as it came (its status, body and Retry-After);
-- an owner that cannot be reached (connection refused, timeout) is a 503 + Retry-After, never a 200:
+- an owner that cannot be reached (connection refused, no answer within ``forward_timeout_s``) is a
+  503 + Retry-After, never a 200:
   the client retries, and every line with a seq is stored at most once by its owner (plain-text
   log-push and OTLP records without ``log.seq`` are numbered by the server, so a retry after a lost
   acknowledgement stores them again, on one node as on several);
@@ -53,6 +58,7 @@ from ingest.auth import OPEN, PRINCIPAL, Principal, check_instances
 from ingest.codec import Caps, check_id
 from ingest.errors import BadRequest, Overloaded
 from ingest.handlers.http import PRELOADED_BODY, json_response, read_body
+from ingest.handlers.push import refuse_known
 from ingest.keys import SETTINGS
 
 logger = logging.getLogger(__name__)
@@ -191,7 +197,10 @@ async def _json(request: web.Request, handler, forwarder: Forwarder, max_body_by
         return await handler(request)
     _check_caps(request.path, items, caps)  # the whole request, as one node counts it, not each part
     kinds = {str(i.get("kind")) for i in items} if request.path == "/api/v1/events" else None
-    check_instances(request.get(PRINCIPAL, OPEN), {i["instance_id"] for i in items}, kinds)  # before any part is written
+    principal = request.get(PRINCIPAL, OPEN)
+    check_instances(principal, {i["instance_id"] for i in items}, kinds)  # before any part is written
+    if kinds is not None and principal.kind == "enroll":  # an existing one refuses it all, as on one node
+        await refuse_known(request, sorted({i["instance_id"] for i in items if i.get("kind") == "registered"}))
     answers: list[tuple[int, dict[str, str], bytes]] = []
     if None in groups:
         request[PRELOADED_BODY] = orjson.dumps(rebuild(groups.pop(None)))

@@ -427,3 +427,22 @@ def test_a_body_under_the_limit_is_not_refused_for_what_forwarding_makes_of_it(c
     for node in (owner, entry):
         status, reply = post_until_acked(node.url + "/api/v1/metrics", body, auth)
         assert status == 200, (node.name, status, reply[:300])
+
+
+def test_a_registration_split_across_owners_refused_for_one_instance_registers_none(cluster):
+    """The enrollment token registers new instances only. An events array registering a new
+    instance and one that exists, owned by two nodes, is refused 409 as one node refuses it, with
+    nothing written: the new instance must stay free to register (its token would otherwise be
+    issued, and lost with the 409)."""
+    nodes = cluster.nodes
+    by_name = {n.name: n for n in nodes}
+    owner_of = slot_owners(cluster.dsn)
+    old = "C.reg.0"
+    _enroll(nodes[0], old)
+    new = next(f"C.reg.{k}" for k in itertools.count(1) if owner_of[slot_of(f"C.reg.{k}")] != owner_of[slot_of(old)])
+    entry = by_name[owner_of[slot_of(new)]]  # it writes its own part first
+    events = [{"instance_id": i, "kind": "registered", "ts": time.time(), "machine_id": 41} for i in (new, old)]
+    status, _h, reply = post(entry.url + "/api/v1/events", json.dumps(events).encode(),
+                             {"Content-Type": "application/json", "Authorization": f"Bearer {ENROLL}"})
+    assert status == 409 and old in json.loads(reply)["error"], (status, reply[:300])
+    assert _enroll(entry, new)  # still new: registered now, and its token handed out

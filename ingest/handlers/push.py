@@ -93,7 +93,7 @@ async def post_events(request: web.Request) -> web.Response:
     registering = sorted({e.instance_id for e in events if e.kind == "registered"})
     async with book.enrolling:  # check and write as one step against every other enrollment
         if principal.kind == "enroll":
-            await _refuse_known(request, registering)
+            await refuse_known(request, registering)
         issued = {instance_id: book.new_token() for instance_id in registering}
         now = codec.now_us()
 
@@ -126,7 +126,7 @@ async def _existing(request: web.Request, instance_ids: list[str]) -> set[str]:
     return found | await reader.call(read)
 
 
-async def _refuse_known(request: web.Request, instance_ids: list[str]) -> None:
+async def refuse_known(request: web.Request, instance_ids: list[str]) -> None:
     """The enrollment token may not register an instance that exists (a replay would mint a token)."""
     known = sorted(await _existing(request, instance_ids))
     if known:
