@@ -26,10 +26,9 @@ once holds across the hop:
 - the client is answered only after every owner answered 200, which each does after its commit;
 - the first part refused is the answer as it came (its status, body and Retry-After);
 - an owner that cannot be reached (connection refused, no answer within ``forward_timeout_s``) is a
-  503 + Retry-After, never a 200:
-  the client retries, and every line with a seq is stored at most once by its owner (plain-text
-  log-push and OTLP records without ``log.seq`` are numbered by the server, so a retry after a lost
-  acknowledgement stores them again, on one node as on several);
+  503 + Retry-After, never a 200: the client retries, and every line with a seq is stored at most
+  once by its owner (plain-text log-push and OTLP records without ``log.seq`` are numbered by the
+  server, so a retry after a lost acknowledgement stores them again, on one node as on several);
 - a request that was already forwarded (``X-Fleetlog-Forwarded``) is never forwarded again: a slot
   that moved meanwhile answers 503 and the client retries; while a slot has no live owner (a node
   died and its lease has not expired) the push is answered 503 + Retry-After too.
