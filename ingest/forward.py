@@ -44,6 +44,7 @@ import re
 from typing import Any, Callable, Iterable
 
 import aiohttp
+import msgspec
 import orjson
 from aiohttp import web
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
@@ -157,62 +158,112 @@ def _relay(status: int, headers: dict[str, str], body: bytes) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json", headers=keep)
 
 
-def _items(path: str, doc: Any) -> tuple[list[Any], Any] | None:
-    """(the instance-owned items of a push body, a function rebuilding a body from some of them)."""
-    if path == "/api/v1/logs" and isinstance(doc, dict) and isinstance(doc.get("streams"), list):
-        return doc["streams"], lambda items: {"streams": items}
-    if path == "/api/v1/events" and isinstance(doc, list):
-        return doc, lambda items: items
-    if isinstance(doc, dict):
-        return [doc], lambda items: items[0]
-    return None
+class _Stream(msgspec.Struct):
+    """What routing needs of a stream: its instance and how many lines (each line left undecoded)."""
+
+    instance_id: Any = None
+    lines: list[msgspec.Raw] | None = None
 
 
-def _check_caps(path: str, items: list[Any], caps: Caps) -> None:
+class _Named(msgspec.Struct):
+    """What routing needs of an event or a metrics body (the rest of it skipped, not decoded)."""
+
+    instance_id: Any = None
+    kind: Any = None
+
+
+_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
+_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_STREAM, _NAMED = msgspec.json.Decoder(_Stream), msgspec.json.Decoder(_Named)
+_LEADING_SPACE = re.compile(rb"[ \t\r\n]*")
+
+
+class JsonSplit:
+    """A JSON push body as its instance-owned items, each kept as the bytes sent (views into the
+    body, nothing of a line decoded): a part is those bytes joined, never a re-encoding, so it holds
+    what the client sent and cannot grow on its way to its owner, and splitting holds little beyond
+    the body itself."""
+
+    def __init__(self, body: bytes, items: list, metas: list, wrap: tuple[bytes, bytes] | None) -> None:
+        self.body, self._items, self._wrap = body, items, wrap
+        self.instance_ids: list[str] = [m.instance_id for m in metas]
+        self.kinds: list[Any] = [getattr(m, "kind", None) for m in metas]
+        self.lines = sum(len(m.lines) for m in metas if getattr(m, "lines", None) is not None)
+
+    def parts(self, urls: list[str | None]) -> dict[str | None, bytes]:
+        """{owner URL (None: this node): the body of its items}, for ``urls`` (one per item, in order)."""
+        if len(set(urls)) == 1:
+            return {urls[0]: self.body}
+        groups: dict[str | None, list] = {}
+        for item, url in zip(self._items, urls):
+            groups.setdefault(url, []).append(item)
+        head, tail = self._wrap or (b"", b"")
+        return {url: head + b",".join(items) + tail for url, items in groups.items()}
+
+
+def split_json(path: str, body: bytes) -> JsonSplit | None:
+    """``body`` (a push to ``path``) as its items, or None when it is not a body that can be routed
+    (malformed, empty, an item without a string ``instance_id``): the handler then refuses it with the
+    message one node gives."""
+    opening = body[_LEADING_SPACE.match(body).end():][:1]
+    try:
+        if path == "/api/v1/logs" and opening == b"{":
+            fields = _FIELDS.decode(body)
+            if "streams" in fields:
+                items, wrap = _RAWS.decode(fields["streams"]), (b'{"streams":[', b"]}")
+            else:
+                items, wrap = [body], None
+            metas = [_STREAM.decode(item) for item in items]
+        elif path == "/api/v1/events" and opening in (b"[", b"{"):
+            items, wrap = (_RAWS.decode(body), (b"[", b"]")) if opening == b"[" else ([body], None)
+            metas = [_NAMED.decode(item) for item in items]
+        elif path == "/api/v1/metrics" and opening == b"{":
+            items, wrap, metas = [body], None, [_NAMED.decode(body)]
+        else:
+            return None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if not metas or not all(isinstance(m.instance_id, str) for m in metas):
+        return None
+    return JsonSplit(body, items, metas, wrap)
+
+
+def _check_caps(path: str, split: JsonSplit, caps: Caps) -> None:
     """413 for a split request over a cap (codec's counts and messages)."""
     if path == "/api/v1/events":
-        caps.check("events", len(items), caps.events, "max_events_per_request")
+        caps.check("events", len(split.instance_ids), caps.events, "max_events_per_request")
     elif path == "/api/v1/logs":
-        caps.check("streams", len(items), caps.streams, "max_streams_per_request")
-        lines = sum(len(i["lines"]) for i in items if isinstance(i.get("lines"), list))
-        caps.check("lines", lines, caps.lines, "max_lines_per_request")
+        caps.check("streams", len(split.instance_ids), caps.streams, "max_streams_per_request")
+        caps.check("lines", split.lines, caps.lines, "max_lines_per_request")
 
 
 async def _json(request: web.Request, handler, forwarder: Forwarder, max_body_bytes: int,
                 caps: Caps) -> web.StreamResponse:
     body = await read_body(request, max_body_bytes)
     request[PRELOADED_BODY] = body
-    try:
-        split = _items(request.path, orjson.loads(body))
-    except orjson.JSONDecodeError:
-        split = None
-    if split is None or not all(isinstance(i, dict) and isinstance(i.get("instance_id"), str) for i in split[0]):
+    split = split_json(request.path, body)
+    if split is None:
         return await handler(request)  # malformed: the handler names what is wrong
-    items, rebuild = split
-    groups: dict[str | None, list[Any]] = {}  # None: this node
-    for item, url in zip(items, forwarder.group([i["instance_id"] for i in items], FORWARDED in request.headers)):
-        groups.setdefault(url, []).append(item)
-    if list(groups) == [None]:
+    urls = forwarder.group(split.instance_ids, FORWARDED in request.headers)
+    if all(url is None for url in urls):
         return await handler(request)
-    _check_caps(request.path, items, caps)  # the whole request, as one node counts it, not each part
-    kinds = {str(i.get("kind")) for i in items} if request.path == "/api/v1/events" else None
+    _check_caps(request.path, split, caps)  # the whole request, as one node counts it, not each part
+    kinds = {str(k) for k in split.kinds} if request.path == "/api/v1/events" else None
     principal = request.get(PRINCIPAL, OPEN)
-    check_instances(principal, {i["instance_id"] for i in items}, kinds)  # before any part is written
+    check_instances(principal, set(split.instance_ids), kinds)  # before any part is written
     if kinds is not None and principal.kind == "enroll":  # an existing one refuses it all, as on one node
-        await refuse_known(request, sorted({i["instance_id"] for i in items if i.get("kind") == "registered"}))
+        await refuse_known(request, sorted({i for i, k in zip(split.instance_ids, split.kinds) if k == "registered"}))
+    parts = split.parts(urls)
+    del split, body
     answers: list[tuple[int, dict[str, str], bytes]] = []
-    if None in groups:
-        request[PRELOADED_BODY] = orjson.dumps(rebuild(groups.pop(None)))
+    if None in parts:
+        request[PRELOADED_BODY] = parts.pop(None)
         response = await handler(request)
         answers.append((response.status, dict(response.headers), response.body))
-    # one owner takes it all: the bytes as sent (re-encoded, a number such as 1e15 grows to 18 bytes
-    # and the body could pass max_body_bytes)
-    whole = len(groups) == 1 and not answers
-    for url, part in groups.items():
+    for url, part in parts.items():
         if answers and answers[-1][0] != 200:
             break
-        answers.append(await forwarder.post(url, request.path, body if whole else orjson.dumps(rebuild(part)),
-                                            {"Content-Type": "application/json", **_auth(request)}))
+        answers.append(await forwarder.post(url, request.path, part, {"Content-Type": "application/json", **_auth(request)}))
     return _merge(answers)
 
 
