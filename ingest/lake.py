@@ -262,7 +262,10 @@ def write_batch(
     fresh: list[bool] = []
     results: list[Any] = []
     logged = {i for batch in logs.batches for i in batch.column("instance_id").unique().to_pylist()}
-    owned = set(instances) | {e.instance_id for e in events} | logged | set(metrics.instance_id)
+    # The instances whose rows this group writes. Not ``instances``: it also carries last_seen touches
+    # of instances seen earlier, whose slot may have moved since; fencing those would refuse every
+    # later group of this node (the touch stays due until it commits).
+    owned = {e.instance_id for e in events} | logged | set(metrics.instance_id)
     checks = [lambda c: fence(c, owned)] if fence is not None and owned else []
     try:
         if instances or events or actions:
