@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import duckdb
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ingest import store
 from ingest.actuator import build_actuator
@@ -50,9 +50,21 @@ def _slots(settings: Settings) -> Slots:
 
 
 def _lake_write_batch(slots: Slots):
-    from ingest import lake
+    from ingest import lake, lakejobs
 
-    return functools.partial(lake.write_batch, fence=lake.slot_fence(slots))
+    return functools.partial(lake.write_batch, fence=lake.slot_fence(slots), window=lakejobs.DeleteWindow(slots.dsn))
+
+
+def _lake_jobs(core: "Core") -> None:
+    """Lake mode: retention carried out in the delete window; maintenance on a timer, one node at a time."""
+    from ingest import lakejobs
+
+    settings, slots = core.settings, core.slots
+    lakejobs.carry_out_retention_in_window(core.policy, slots.dsn)
+    if settings.lake_maintenance_interval_s > 0:
+        core.maintenance = lakejobs.Maintenance(core.reader.cursor, slots.dsn, slots.node_id,
+                                                settings.lake_maintenance_interval_s, settings.lake_snapshot_keep_s)
+        core.maintenance.start()
 
 
 def _one_policy_runner(policy: PolicyEngine, slots: Slots) -> None:
@@ -78,6 +90,7 @@ class Core:
     hosts_sql: str  # queries/hosts.sql with host_performance in front
     settings: Settings
     slots: Slots | None = None  # lake mode: which instances this node owns (ingest/slots.py)
+    maintenance: Any = None  # lake mode: an ingest.lakejobs.Maintenance, when its interval is set
 
     @classmethod
     def open(cls, settings: Settings, metrics: IngestMetrics) -> "Core":
@@ -149,6 +162,7 @@ class Core:
             slots.on_acquire = core.adopt_slots
             _one_policy_runner(policy, slots)
             slots.start()
+            _lake_jobs(core)
         logger.info("database %s open, %d log streams indexed, %d policy rules", settings.db, index.stream_count(), len(rules))
         return core
 
@@ -191,6 +205,8 @@ class Core:
             self.tail.forget(instance_id)
 
     async def close(self) -> None:
+        if self.maintenance is not None:
+            await asyncio.to_thread(self.maintenance.stop)
         await self.policy.close()
         await self.writer.stop()
         await self.reader.close()  # interrupts what still reads and waits for it

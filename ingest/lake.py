@@ -40,7 +40,7 @@ import re
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -81,6 +81,9 @@ CREATE TABLE IF NOT EXISTS lake.metrics (
     received_at  TIMESTAMP NOT NULL
 );
 """
+
+# The order maintenance merges files into (tails read the newest lines of one stream).
+SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id, name, ts"}
 
 # The migrations (ingest/migrations/) whose tables PG_DDL and LAKE_DDL hold; their views are created
 # from the files themselves. A new migration must be folded in here too (open_lake refuses to start
@@ -235,6 +238,13 @@ def _create_schema(con: duckdb.DuckDBPyConnection, attempts: int = 20) -> None:
                 raise
             logger.info("lake schema creation conflicted (%s); retrying", e)
             time.sleep(0.1 * (attempt + 1))
+    for table, key in SORTED_BY.items():  # once: an ALTER conflicts with every concurrent insert
+        unsorted = con.execute(
+            f"""SELECT count(*) = 0 FROM __ducklake_metadata_{LAKE}.ducklake_sort_info s
+                JOIN __ducklake_metadata_{LAKE}.ducklake_table t ON s.table_id = t.table_id
+                WHERE t.table_name = ? AND t.end_snapshot IS NULL AND s.end_snapshot IS NULL""", [table]).fetchone()[0]
+        if unsorted:
+            con.execute(f"ALTER TABLE {LAKE}.main.{table} SET SORTED BY ({key})")
     for name in LAKE_TABLES:
         con.execute(f"CREATE OR REPLACE VIEW memory.main.{name} AS SELECT * FROM {LAKE}.main.{name}")
     for name in PG_TABLES:
@@ -246,6 +256,24 @@ def _create_schema(con: duckdb.DuckDBPyConnection, attempts: int = 20) -> None:
 Fence = Callable[[duckdb.DuckDBPyConnection, set[str]], None]
 
 
+class LakeAction:
+    """A writer action that writes the lake (a retention DELETE), not PostgreSQL: ``write_batch`` runs
+    it in a lake transaction of its own, inside the delete window (ingest/lakejobs.py)."""
+
+    def __init__(self, action: Callable[[duckdb.DuckDBPyConnection], Any]) -> None:
+        self.action = action
+
+    def __call__(self, con: duckdb.DuckDBPyConnection) -> Any:
+        return self.action(con)
+
+
+def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+    try:  # a failed COMMIT has already ended the transaction: keep its error, not this one
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
+
+
 def write_batch(
     con: duckdb.DuckDBPyConnection,
     logs: store.LogColumns,
@@ -255,12 +283,17 @@ def write_batch(
     received_us: int,
     actions: list[Callable[[duckdb.DuckDBPyConnection], Any]] = (),
     fence: Fence | None = None,
+    window=None,
 ) -> tuple[list[bool], list[Any]]:
-    """``store.write_batch`` for the lake: PostgreSQL's part committed first, then the lake's; with
-    several nodes, ``fence`` checks inside each transaction that this node still owns every instance
-    written (ingest/slots.py) and raises Overloaded (503, the client retries) when not."""
+    """``store.write_batch`` for the lake: PostgreSQL's part committed first, then each ``LakeAction``
+    alone, then the lake's rows; with several nodes, ``fence`` checks inside each transaction that
+    this node still owns every instance written (ingest/slots.py) and raises Overloaded (503, the
+    client retries) when not, and ``window`` (an ingest.lakejobs.DeleteWindow) holds the lake's
+    delete window shared around the rows' commit and exclusive around a LakeAction's."""
     fresh: list[bool] = []
-    results: list[Any] = []
+    results: list[Any] = [None] * len(actions)
+    in_pg = [(k, a) for k, a in enumerate(actions) if not isinstance(a, LakeAction)]
+    in_lake = [(k, a) for k, a in enumerate(actions) if isinstance(a, LakeAction)]
     logged = {i for batch in logs.batches for i in batch.column("instance_id").unique().to_pylist()}
     # The instances whose rows this group writes. Not ``instances``: it also carries last_seen touches
     # of instances seen earlier, whose slot may have moved since; fencing those would refuse every
@@ -268,21 +301,32 @@ def write_batch(
     owned = {e.instance_id for e in events} | logged | set(metrics.instance_id)
     checks = [lambda c: fence(c, owned)] if fence is not None and owned else []
     try:
-        if instances or events or actions:
+        if instances or events or in_pg:
             con.execute("BEGIN")
             try:
                 store._upsert_instances(con, instances, received_us)
                 if events:
                     fresh = _write_events(con, events, received_us)
-                results = [action(con) for action in actions]
+                for k, action in in_pg:
+                    results[k] = action(con)
                 for check in checks:
                     check(con)
                 con.execute("COMMIT")
             except Exception:
-                con.execute("ROLLBACK")
+                _rollback(con)
                 raise
+        for k, action in in_lake:
+            with window.exclusive() if window is not None else nullcontext():
+                con.execute("BEGIN")
+                try:
+                    results[k] = action(con)
+                    con.execute("COMMIT")
+                except Exception:
+                    _rollback(con)
+                    raise
         if len(logs) or len(metrics):
-            store.write_batch(con, logs, [], metrics, {}, received_us, checks)
+            with window.commit() if window is not None else nullcontext():
+                store.write_batch(con, logs, [], metrics, {}, received_us, checks)
     except StoreError:
         raise
     except Exception as e:
@@ -346,14 +390,12 @@ def _write_events(con: duckdb.DuckDBPyConnection, events: list[Event], received_
 
 
 def maintain(con: duckdb.DuckDBPyConnection, snapshot_keep_s: float = 3600.0) -> dict[str, int]:
-    """One maintenance pass, on a cursor of its own (never the writer's connection): keep the lake's
-    files sorted by stream (tails read few row groups), merge the one-file-per-commit output into
-    larger files, expire snapshots older than ``snapshot_keep_s`` and delete the files nothing
-    references any more. Only appends to logs run meanwhile, and DuckLake does not conflict an
-    append with a merge; returns the data file counts before and after.
-
-    Retention is not a DELETE here (a DELETE on logs conflicts with every concurrent insert): see
-    docs/scale-out.md."""
+    """One maintenance pass, on a cursor of its own (never the writer's connection): flush inlined
+    rows into files, rewrite files with deleted rows, merge the one-file-per-commit output into
+    larger files sorted by stream (``SORTED_BY``: tails read few row groups), expire snapshots older
+    than ``snapshot_keep_s`` and delete the files nothing references any more. Appends do not
+    conflict with any of it; a retention delete does, so on several nodes this runs under the
+    maintenance lock (ingest/lakejobs.py). Returns the data file counts before and after."""
     cur = con.cursor()
     try:
         def files() -> int:
@@ -361,10 +403,8 @@ def maintain(con: duckdb.DuckDBPyConnection, snapshot_keep_s: float = 3600.0) ->
                        for t in LAKE_TABLES)
 
         before = files()
-        for table in LAKE_TABLES:
-            key = "instance_id, source, run_id, seq" if table == "logs" else "instance_id, name, ts"
-            cur.execute(f"ALTER TABLE {LAKE}.main.{table} SET SORTED BY ({key})")
         cur.execute(f"CALL ducklake_flush_inlined_data('{LAKE}')")
+        cur.execute(f"CALL ducklake_rewrite_data_files('{LAKE}')")  # files a retention delete left rows deleted in
         cur.execute(f"CALL ducklake_merge_adjacent_files('{LAKE}')")
         cur.execute(f"CALL ducklake_expire_snapshots('{LAKE}', older_than => now() - to_seconds({float(snapshot_keep_s)}))")
         cur.execute(f"CALL ducklake_cleanup_old_files('{LAKE}', cleanup_all => true)")

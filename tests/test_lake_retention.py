@@ -1,0 +1,152 @@
+"""Retention and maintenance of a lake shared by several nodes: the retention rule carried out while
+another node ingests (a DuckLake DELETE on ``logs`` conflicts with every concurrent insert, so the
+lake carries it out in a delete window, ingest/lake.py), and the maintenance job on one node at a
+time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import psycopg
+import pytest
+
+from ingest.keys import CORE, DB
+from ingest.slots import SLOTS, slot_of
+from tests.lake_pg import LakeNode, postgres  # noqa: F401 (a fixture)
+
+pytestmark = [pytest.mark.lake, pytest.mark.slow]
+
+
+def rows(client, sql: str, params=()):
+    cursor = client.app[DB].cursor()
+    try:
+        return cursor.execute(sql, list(params)).fetchall()
+    finally:
+        cursor.close()
+
+
+def post(url: str, doc) -> int:
+    """POST ``doc``; retries 503 (a slot settling) as an agent does; returns the status of the answer."""
+    request = urllib.request.Request(url, data=json.dumps(doc).encode(), headers={"Content-Type": "application/json"})
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                r.read()
+                return r.status
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or time.monotonic() > deadline:
+                return e.code
+        time.sleep(0.05)
+
+
+def owners(pg_dsn: str) -> dict[int, str]:
+    with psycopg.connect(pg_dsn) as conn:
+        return dict(conn.execute("SELECT slot, owner FROM fleetlog_slots WHERE expires_at > now()").fetchall())
+
+
+async def wait_until(condition, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(condition):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+class Load:
+    """Threads pushing batches of lines for ``instances`` to ``url`` until stopped; ``acked`` holds,
+    per instance, how many lines (seq 0..n-1) were acknowledged."""
+
+    def __init__(self, url: str, instances: list[str], batch: int = 50, threads: int = 2) -> None:
+        self.url, self.batch = url, batch
+        self.acked = {i: 0 for i in instances}
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        parts = [instances[k::threads] for k in range(threads)]
+        self.threads = [threading.Thread(target=self._run, args=(part,)) for part in parts if part]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, mine: list[str]) -> None:
+        while not self.stop.is_set():
+            for instance in mine:
+                start = self.acked[instance]
+                doc = {"instance_id": instance, "source": "s", "lines": [
+                    {"seq": s, "ts": 1795951000.0 + s, "line": f"{instance} line {s}"} for s in range(start, start + self.batch)]}
+                status = post(self.url + "/api/v1/logs", doc)
+                if status != 200:
+                    self.errors.append(f"{instance}: {status}")
+                    return
+                self.acked[instance] = start + self.batch
+
+    def lines(self) -> int:
+        return sum(self.acked.values())
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+
+async def node_a(make_client, postgres, tmp_path, **settings):  # noqa: F811
+    """Node ``a`` of a new lake, in this process, once it holds every slot; returns (a, dsn, data path)."""
+    dsn = postgres.createdb("r" + uuid.uuid4().hex[:12])
+    data = tmp_path / "lake"
+    a = await make_client(lake=dsn, lake_data=str(data), lake_lease_s=3.0, policy_interval_s=0, node_id="a", **settings)
+    slots = a.app[CORE].slots
+    await wait_until(lambda: len(slots.held()) == SLOTS, "node a to hold every slot")
+    return a, dsn, data
+
+
+async def test_lake_retention_commits_while_another_node_ingests(make_client, postgres, tmp_path):  # noqa: F811
+    a, dsn, data = await node_a(make_client, postgres, tmp_path, retention_s=0)
+    old = ["OLD.1", "OLD.2"]
+    for instance in old:  # several commits each: several files (or inlined rows) to delete from
+        for start in range(0, 300, 100):
+            r = await a.post("/api/v1/logs", json={"instance_id": instance, "source": "s", "lines": [
+                {"seq": s, "ts": 1795951000.0 + s, "line": f"old {s}"} for s in range(start, start + 100)]})
+            assert r.status == 200, await r.text()
+        r = await a.post("/api/v1/metrics", json={"instance_id": instance, "samples": [
+            {"name": "gpu_util", "ts": 1795951000, "value": 97.0, "labels": {"gpu": "0"}}]})
+        assert r.status == 200, await r.text()
+        r = await a.post("/api/v1/events", json={"instance_id": instance, "kind": "killed", "ts": 1795951500})
+        assert r.status == 200, await r.text()
+    pg_dsn = dsn.removeprefix("postgres:")
+    b = LakeNode("b", dsn, data, tmp_path)
+    load = None
+    try:
+        await wait_until(lambda: b.alive() and set(owners(pg_dsn).values()) == {"a", "b"} and len(owners(pg_dsn)) == SLOTS,
+                         "the slots to spread over a and b")
+        held_by_b = {slot for slot, owner in owners(pg_dsn).items() if owner == "b"}
+        live = [name for name in (f"LIVE.{k}" for k in range(200)) if slot_of(name) in held_by_b][:6]
+        load = Load(b.url, live)  # node b commits to the lake all along
+        await wait_until(lambda: load.lines() >= 1000 or load.errors, "node b to commit")
+        policy = a.app[CORE].policy
+        failures = []
+        for _attempt in range(6):  # cycle 1 marks them stale, cycle 2 proposes and carries out the deletes
+            try:
+                await policy.run_cycle(True)
+            except Exception as e:  # noqa: BLE001 (what a failed attempt said is the evidence)
+                failures.append(str(e).splitlines()[0])
+            states = set(rows(a, "SELECT subject, state FROM decisions WHERE action = 'delete_logs'"))
+            if states == {(i, "executed") for i in old}:
+                break
+        lines_during = load.lines()
+        await wait_until(lambda: load.lines() >= lines_during + 500 or load.errors, "ingest to go on after retention")
+    finally:
+        if load is not None:
+            load.finish()
+        b.stop()
+    assert not load.errors, load.errors
+    assert states == {(i, "executed") for i in old}, (states, failures)
+    assert rows(a, "SELECT count(*) FROM logs WHERE instance_id LIKE 'OLD.%'") == [(0,)]
+    assert rows(a, "SELECT count(*) FROM metrics WHERE instance_id LIKE 'OLD.%'") == [(0,)]
+    stored = dict((i, (n, distinct, top)) for i, n, distinct, top in rows(
+        a, "SELECT instance_id, count(*), count(DISTINCT seq), max(seq) FROM logs GROUP BY 1"))
+    assert stored == {i: (n, n, n - 1) for i, n in load.acked.items() if n}, (stored, load.acked)
+    assert rows(a, "SELECT count(*) FROM events WHERE instance_id LIKE 'OLD.%'") == [(2,)]  # events stay
