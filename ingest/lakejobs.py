@@ -18,7 +18,7 @@ committed beside one writer here; tests/test_lake_retention.py shows it through 
 
 Maintenance: every node runs a ``Maintenance`` thread; a pass runs only on the node that takes
 ``MAINTENANCE_LOCK_KEY`` (``pg_try_advisory_lock``: nobody waits) and finds the lake's last pass
-(table ``fleetlog_maintenance``, one row per pass) at least ``interval_s`` old, so the lake is
+(table ``fleetlog_maintenance``, one row per pass, created by ingest/slots.py) at least ``interval_s`` old, so the lake is
 maintained every ``interval_s`` by one node at a time, whichever nodes are alive. Appends do not
 conflict with a merge, a snapshot expiry or a file clean-up; the sort order that the merge follows is
 set once, when the lake is created (``lake._create_schema``: an ALTER conflicts with appends).
@@ -42,12 +42,6 @@ logger = logging.getLogger(__name__)
 
 WINDOW_LOCK_KEY = 0x666C6F70  # every lake commit shared, a retention delete exclusive
 MAINTENANCE_LOCK_KEY = 0x666C6F71  # a maintenance pass, or a retention delete
-
-DDL = """
-CREATE TABLE IF NOT EXISTS fleetlog_maintenance (
-    node_id text NOT NULL, started_at timestamptz NOT NULL, finished_at timestamptz,
-    files_before integer, files_after integer, error text);
-"""
 
 
 class PgSession:
@@ -159,8 +153,7 @@ class Maintenance:
         self._thread: threading.Thread | None = None
         self.passes = 0  # run by this node
 
-    def start(self) -> None:
-        self._session.execute(DDL)
+    def start(self) -> None:  # after Slots.start, which creates fleetlog_maintenance
         self._thread = threading.Thread(target=self._run, name="fleetlog-lake-maintenance", daemon=True)
         self._thread.start()
 

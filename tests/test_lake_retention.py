@@ -140,7 +140,7 @@ async def test_lake_retention_commits_while_another_node_ingests(make_client, po
         await wait_until(lambda: load.lines() >= lines_during + 500 or load.errors, "ingest to go on after retention")
     finally:
         if load is not None:
-            load.finish()
+            await asyncio.to_thread(load.finish)
         b.stop()
     assert not load.errors, load.errors
     assert states == {(i, "executed") for i in old}, (states, failures)
@@ -150,3 +150,106 @@ async def test_lake_retention_commits_while_another_node_ingests(make_client, po
         a, "SELECT instance_id, count(*), count(DISTINCT seq), max(seq) FROM logs GROUP BY 1"))
     assert stored == {i: (n, n, n - 1) for i, n in load.acked.items() if n}, (stored, load.acked)
     assert rows(a, "SELECT count(*) FROM events WHERE instance_id LIKE 'OLD.%'") == [(2,)]  # events stay
+
+
+def passes(pg_dsn: str) -> list[tuple]:
+    with psycopg.connect(pg_dsn) as conn:
+        return conn.execute("SELECT node_id, started_at, finished_at, files_before, files_after, error "
+                            "FROM fleetlog_maintenance ORDER BY started_at").fetchall()
+
+
+def lake_counts(client) -> tuple[int, int]:
+    """(data files of logs and metrics, snapshots) in the lake now."""
+    files = sum(rows(client, f"SELECT count(*) FROM ducklake_list_files('lake', '{t}')")[0][0] for t in ("logs", "metrics"))
+    return files, rows(client, "SELECT count(*) FROM ducklake_snapshots('lake')")[0][0]
+
+
+async def test_lake_maintenance_runs_on_a_timer_under_ingest_and_keeps_every_line(make_client, postgres, tmp_path):  # noqa: F811
+    a, dsn, data = await node_a(make_client, postgres, tmp_path, lake_maintenance_interval_s=1.0, lake_snapshot_keep_s=0)
+    pg_dsn = dsn.removeprefix("postgres:")
+    b = LakeNode("b", dsn, data, tmp_path, 3.0, "--lake-maintenance-interval-s", "1", "--lake-snapshot-keep-s", "0")
+    load = None
+    try:
+        await wait_until(lambda: b.alive() and set(owners(pg_dsn).values()) == {"a", "b"} and len(owners(pg_dsn)) == SLOTS,
+                         "the slots to spread over a and b")
+        by_owner = owners(pg_dsn)
+        live = [f"M.{k}" for k in range(40)]
+        mine = {"a": [i for i in live if by_owner[slot_of(i)] == "a"][:3], "b": [i for i in live if by_owner[slot_of(i)] == "b"][:3]}
+        loads = [Load(str(a.make_url("")).rstrip("/"), mine["a"], batch=20, threads=1), Load(b.url, mine["b"], batch=20, threads=1)]
+        load = loads[1]
+        ran = len(passes(pg_dsn))
+        await wait_until(lambda: sum(1 for p in passes(pg_dsn)[ran:] if p[2] is not None) >= 4 or any(x.errors for x in loads),
+                         "four maintenance passes under ingest")
+        for x in loads:  # off the event loop: node a answers the pushes in flight on it
+            await asyncio.to_thread(x.finish)
+        await wait_until(lambda: len(passes(pg_dsn)) >= ran + 6 and passes(pg_dsn)[-1][2] is not None,
+                         "a pass after ingest stopped")
+    finally:
+        for x in (loads if load is not None else []):
+            await asyncio.to_thread(x.finish)
+        b.stop()
+    assert not any(x.errors for x in loads), [x.errors for x in loads]
+    done = passes(pg_dsn)
+    assert all(p[5] is None for p in done), done  # no pass failed (appends never conflict with it)
+    assert any(p[4] < p[3] for p in done), done  # files merged
+    for earlier, later in zip(done, done[1:]):  # one node at a time: no pass began before the previous ended
+        assert earlier[2] <= later[1], (earlier, later)
+    files, snapshots = lake_counts(a)
+    acked = {**loads[0].acked, **loads[1].acked}
+    commits = sum(n // 20 for n in acked.values())
+    assert files <= 4 and snapshots < commits, (files, snapshots, commits)  # merged, and old snapshots expired
+    stored = {i: (n, distinct) for i, n, distinct in rows(a, "SELECT instance_id, count(*), count(DISTINCT seq) FROM logs GROUP BY 1")}
+    assert stored == {i: (n, n) for i, n in acked.items()}, (stored, acked)
+    for instance, n in acked.items():  # tails still read the newest lines of each stream
+        r = await a.get(f"/api/v1/instances/{instance}/logs?source=s&tail=3")
+        assert [line["seq"] for line in (await r.json())["lines"]] == [n - 3, n - 2, n - 1]
+    r = await a.post("/api/v1/query", json={"sql": "SELECT count(*) FROM logs"})
+    assert (await r.json())["rows"] == [[sum(acked.values())]]
+
+
+def test_lake_maintenance_passes_of_two_nodes_never_overlap(postgres, tmp_path):  # noqa: F811
+    from ingest import lake
+    from ingest.lakejobs import Maintenance
+    from ingest.slots import Slots
+
+    dsn = postgres.createdb("m" + uuid.uuid4().hex[:12])
+    pg_dsn = dsn.removeprefix("postgres:")
+    con = lake.open_lake(dsn, str(tmp_path / "lake"))
+    slots = Slots(pg_dsn, "x", "http://x", 3.0)
+    slots.start()  # creates fleetlog_maintenance
+    nodes = [Maintenance(con.cursor, pg_dsn, name, 0.01, 0) for name in ("n1", "n2")]
+    stop = threading.Event()
+
+    def node(m: Maintenance) -> None:
+        while not stop.is_set():
+            m.run_once()
+
+    def writer() -> None:  # appends meanwhile, so each pass has files to merge
+        cur = con.cursor()
+        k = 0
+        while not stop.is_set():
+            cur.execute("INSERT INTO lake.main.logs SELECT 'W', 's', '', i + ?, now()::TIMESTAMP, now()::TIMESTAMP, 'x', false "
+                        "FROM range(10) t(i)", [k * 10])
+            k += 1
+        cur.close()
+
+    threads = [threading.Thread(target=node, args=(m,)) for m in nodes] + [threading.Thread(target=writer)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 120
+        while not all(m.passes >= 3 for m in nodes):  # both nodes took turns
+            assert time.monotonic() < deadline, [m.passes for m in nodes]
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+        for m in nodes:
+            m.stop()
+        slots.stop()
+        con.close()
+    done = passes(pg_dsn)
+    assert {p[0] for p in done} == {"n1", "n2"} and all(p[5] is None for p in done), done
+    for earlier, later in zip(done, done[1:]):
+        assert earlier[2] <= later[1], (earlier, later)
