@@ -104,7 +104,8 @@ async def node_a(make_client, postgres, tmp_path, **settings):  # noqa: F811
 
 
 async def test_lake_retention_commits_while_another_node_ingests(make_client, postgres, tmp_path):  # noqa: F811
-    a, dsn, data = await node_a(make_client, postgres, tmp_path, retention_s=0)
+    # maintenance every second on both nodes: a merge conflicts with a DELETE too
+    a, dsn, data = await node_a(make_client, postgres, tmp_path, retention_s=0, lake_maintenance_interval_s=1.0)
     old = ["OLD.1", "OLD.2"]
     for instance in old:  # several commits each: several files (or inlined rows) to delete from
         for start in range(0, 300, 100):
@@ -117,7 +118,7 @@ async def test_lake_retention_commits_while_another_node_ingests(make_client, po
         r = await a.post("/api/v1/events", json={"instance_id": instance, "kind": "killed", "ts": 1795951500})
         assert r.status == 200, await r.text()
     pg_dsn = dsn.removeprefix("postgres:")
-    b = LakeNode("b", dsn, data, tmp_path)
+    b = LakeNode("b", dsn, data, tmp_path, 3.0, "--lake-maintenance-interval-s", "1")
     load = None
     try:
         await wait_until(lambda: b.alive() and set(owners(pg_dsn).values()) == {"a", "b"} and len(owners(pg_dsn)) == SLOTS,
@@ -150,6 +151,7 @@ async def test_lake_retention_commits_while_another_node_ingests(make_client, po
         a, "SELECT instance_id, count(*), count(DISTINCT seq), max(seq) FROM logs GROUP BY 1"))
     assert stored == {i: (n, n, n - 1) for i, n in load.acked.items() if n}, (stored, load.acked)
     assert rows(a, "SELECT count(*) FROM events WHERE instance_id LIKE 'OLD.%'") == [(2,)]  # events stay
+    assert all(p[5] is None for p in passes(pg_dsn)), passes(pg_dsn)  # no merge lost to a delete either
 
 
 def passes(pg_dsn: str) -> list[tuple]:
@@ -253,3 +255,28 @@ def test_lake_maintenance_passes_of_two_nodes_never_overlap(postgres, tmp_path):
     assert {p[0] for p in done} == {"n1", "n2"} and all(p[5] is None for p in done), done
     for earlier, later in zip(done, done[1:]):
         assert earlier[2] <= later[1], (earlier, later)
+
+
+async def test_lake_retention_waits_for_a_maintenance_pass_in_progress(make_client, postgres, tmp_path):  # noqa: F811
+    from ingest.lakejobs import MAINTENANCE_LOCK_KEY
+
+    a, dsn, _data = await node_a(make_client, postgres, tmp_path, retention_s=0, lake_maintenance_interval_s=0)
+    r = await a.post("/api/v1/logs", json={"instance_id": "OLD.1", "source": "s", "lines": [
+        {"seq": s, "ts": 1795951000.0 + s, "line": f"old {s}"} for s in range(10)]})
+    assert r.status == 200, await r.text()
+    assert (await a.post("/api/v1/events", json={"instance_id": "OLD.1", "kind": "killed", "ts": 1795951500})).status == 200
+    policy = a.app[CORE].policy
+    await policy.run_cycle(True)  # marks it stale
+    waiting = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = 0 AND objid = %s")
+    with psycopg.connect(dsn.removeprefix("postgres:"), autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", [MAINTENANCE_LOCK_KEY])  # a pass in progress (a merge)
+        cycle = asyncio.create_task(policy.run_cycle(True))
+        await wait_until(lambda: conn.execute(waiting, [MAINTENANCE_LOCK_KEY]).fetchone()[0] == 1, "retention to wait for the pass")
+        assert rows(a, "SELECT count(*) FROM logs") == [(10,)]  # nothing deleted under the merge
+        r = await a.post("/api/v1/logs", json={"instance_id": "LIVE.1", "source": "s", "lines": [
+            {"seq": 0, "ts": 1795951000.0, "line": "ingest goes on"}]})
+        assert r.status == 200, await r.text()  # the writer is not the one waiting
+        conn.execute("SELECT pg_advisory_unlock(%s)", [MAINTENANCE_LOCK_KEY])
+        report = await asyncio.wait_for(cycle, 60)
+    assert len(report.executed) == 1, report
+    assert rows(a, "SELECT instance_id, count(*) FROM logs GROUP BY 1") == [("LIVE.1", 1)]
