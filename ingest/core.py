@@ -56,13 +56,17 @@ def _lake_write_batch(slots: Slots):
 
 
 def _lake_jobs(core: "Core") -> None:
-    """Lake mode: retention carried out in the delete window; maintenance on a timer, one node at a time."""
-    from ingest import lakejobs
+    """Lake mode: retention carried out in the delete window; maintenance on a timer, one node at a
+    time, on a DuckDB instance of its own (a DuckLake error there cannot invalidate the node's)."""
+    from ingest import lake, lakejobs
 
     settings, slots = core.settings, core.slots
     lakejobs.carry_out_retention_in_window(core.policy, slots.dsn)
+    slots.on_retired = functools.partial(lakejobs.forget_retired, core.index, core.tail, core.reader)
     if settings.lake_maintenance_interval_s > 0:
-        core.maintenance = lakejobs.Maintenance(core.reader.cursor, slots.dsn, slots.node_id,
+        own_instance = functools.partial(lake.open_lake, settings.lake, settings.lake_data, settings.duckdb_memory_limit_mb,
+                                         schema=False)
+        core.maintenance = lakejobs.Maintenance(own_instance, slots.dsn, slots.node_id,
                                                 settings.lake_maintenance_interval_s, settings.lake_snapshot_keep_s)
         core.maintenance.start()
 

@@ -140,9 +140,32 @@ def carry_out_retention_in_window(policy, pg_dsn: str, wait_s: float = 600.0) ->
     policy.delete_logs = delete_logs
 
 
+def forget_retired(index, tail, reader, instance_ids: set[str]) -> None:
+    """Another node deleted these instances' lines (retention): what this node cached of them goes.
+    The seq index takes what the lake holds of them now (usually nothing), so a line pushed after the
+    delete is still known; the tail cache reloads on the next read."""
+    from ingest.streams import StreamIndex
+
+    cursor = reader.cursor()
+    try:
+        left = cursor.execute("SELECT count(*) FROM logs WHERE instance_id IN (SELECT unnest(?::VARCHAR[]))",
+                              [sorted(instance_ids)]).fetchone()[0]
+        fresh = StreamIndex()
+        if left:
+            fresh.load(cursor)
+    finally:
+        cursor.close()
+    index.adopt(fresh, instance_ids)
+    for instance_id in instance_ids:
+        tail.forget(instance_id)
+
+
 class Maintenance:
     """The maintenance job of one node: every ``interval_s / 4`` (at most 30 s) it checks whether the
-    lake is due and, holding the lock, runs ``lake.maintain`` on a cursor of ``connect()``."""
+    lake is due and, holding the lock, runs ``lake.maintain`` on ``connect()`` (closed after the pass).
+    The node gives it a DuckDB instance of its own: DuckLake once failed a merge here with an internal
+    error ("Compaction error - row id limit is larger than the row count of the file"), which
+    invalidates the whole instance, and that must not be the writer's."""
 
     def __init__(self, connect: Callable[[], duckdb.DuckDBPyConnection], pg_dsn: str, node_id: str, interval_s: float,
                  snapshot_keep_s: float) -> None:
@@ -181,18 +204,19 @@ class Maintenance:
                 [self.interval_s]).fetchone()[0]
             if not due:
                 return None
-            started = self._session.execute(
-                "INSERT INTO fleetlog_maintenance (node_id, started_at) VALUES (%s, clock_timestamp()) RETURNING started_at",
-                [self.node_id]).fetchone()[0]
             this_pass = "WHERE node_id = %s AND started_at = %s"
             con = self.connect()
             try:
-                counts = lake.maintain(con, self.snapshot_keep_s)
-            except duckdb.Error as e:
-                self._session.execute("UPDATE fleetlog_maintenance SET finished_at = clock_timestamp(), error = %s "
-                                      + this_pass, [str(e).splitlines()[0], self.node_id, started])
-                logger.warning("lake maintenance failed: %s", e)
-                return None
+                started = self._session.execute(
+                    "INSERT INTO fleetlog_maintenance (node_id, started_at) VALUES (%s, clock_timestamp()) RETURNING started_at",
+                    [self.node_id]).fetchone()[0]
+                try:
+                    counts = lake.maintain(con, self.snapshot_keep_s)
+                except duckdb.Error as e:
+                    self._session.execute("UPDATE fleetlog_maintenance SET finished_at = clock_timestamp(), error = %s "
+                                          + this_pass, [str(e).splitlines()[0], self.node_id, started])
+                    logger.warning("lake maintenance failed: %s", e)
+                    return None
             finally:
                 con.close()
             self._session.execute(
@@ -203,4 +227,7 @@ class Maintenance:
             logger.info("lake maintenance: %s", counts)
             return counts
         finally:
-            self._session.execute("SELECT pg_advisory_unlock(%s)", [MAINTENANCE_LOCK_KEY])
+            try:
+                self._session.execute("SELECT pg_advisory_unlock(%s)", [MAINTENANCE_LOCK_KEY])
+            except psycopg.Error:  # the connection is gone, and its lock with it
+                self._session.close()
