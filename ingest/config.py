@@ -111,6 +111,10 @@ class Settings:
     node_id: str = _setting("", "lake mode: this node's name, unique among the nodes of a lake (empty: host:port)")
     advertise_url: str = _setting("", "lake mode: base URL other nodes forward pushes to (empty: http://host:port)")
     lake_lease_s: float = _setting(6.0, "lake mode: how long a node's lease on its instances lasts without renewal", minimum=1)
+    duckdb_threads: int = _setting(
+        0, "DuckDB's worker threads (0: one per core); 1 saves ingest CPU on a small host, but each query then uses one core",
+        minimum=0,
+    )
     lake_maintenance_interval_s: float = _setting(
         300.0, "lake mode: how often one node of the lake merges files, expires snapshots and deletes old files (0: never)",
         minimum=0)

@@ -38,7 +38,7 @@ def _open_storage(settings: Settings) -> duckdb.DuckDBPyConnection:
         from ingest import lake
 
         return lake.open_lake(settings.lake, settings.lake_data, settings.duckdb_memory_limit_mb)
-    return store.open_database(settings.db, settings.duckdb_memory_limit_mb)
+    return store.open_database(settings.db, settings.duckdb_memory_limit_mb, settings.duckdb_threads)
 
 
 def _slots(settings: Settings) -> Slots:

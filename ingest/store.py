@@ -59,13 +59,23 @@ def migrations() -> list[tuple[int, str, str]]:
 TEMP_DIR_FACTOR = 8  # spilled query state may take this many times the memory limit on disk
 
 
-def open_database(path: str | Path, memory_limit_mb: int = 256) -> duckdb.DuckDBPyConnection:
+def open_database(path: str | Path, memory_limit_mb: int = 256, threads: int = 0) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) and migrate the database, then lock it down for readers.
 
     DuckDB's memory is capped at ``memory_limit_mb``, beyond which queries spill to
     ``<db>.tmp/`` (itself capped); file and network access are switched off and the configuration
     locked for the whole database instance, so no cursor handed to the SQL API can read files or
     change that.
+
+    ``threads`` (0: DuckDB's default, one per core) is DuckDB's worker threads for the whole instance.
+    With more than one, the Python thread that runs a statement polls DuckDB's task queue (mutex and
+    sched_yield) while a worker does the work: measured on the writer's group commits on 2 cores,
+    that spinning was over a third of the writer thread's CPU, and one thread appends the same rows
+    in half the CPU and less time (bench/ingest_throughput.py). Each cursor still runs its own
+    statement on its own thread, so reads stay concurrent; one statement uses one core. That is why
+    the server's default is DuckDB's own (``duckdb_threads`` 0): on a host with many cores a search or
+    a SQL query over millions of rows scans in parallel, and the spinning costs cores that are idle;
+    1 suits a small host that mostly ingests.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,6 +87,8 @@ def open_database(path: str | Path, memory_limit_mb: int = 256) -> duckdb.DuckDB
     try:
         migrate(con)
         con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
+        if threads:
+            con.execute(f"SET threads = {int(threads)}")
         con.execute("SET temp_directory = '{}'".format((str(path) + ".tmp").replace("'", "''")))
         con.execute(f"SET max_temp_directory_size = '{int(memory_limit_mb) * TEMP_DIR_FACTOR}MB'")
         con.execute("SET enable_external_access = false")
@@ -173,12 +185,13 @@ def write_batch(
     Everything happens in one transaction: on error it is rolled back and StoreError raised.
     """
     fresh: list[bool] = []
+    # Always BEGIN ... COMMIT, even for one INSERT: the relation API's INSERT left to autocommit returned
+    # without error on a full disk and the rows were gone after the reopen (tests/test_disk_full.py).
     try:
         con.execute("BEGIN")
         _upsert_instances(con, instances, received_us)
         if len(logs):
-            table = pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA)
-            con.from_arrow(table).project(LOG_COLUMNS_SQL.format(received_us=int(received_us))).insert_into("logs")
+            _insert_logs(con, logs, received_us)
         if len(metrics):
             received = pa.scalar(received_us, TS_TYPE)  # ~10 us: only when there are metrics
             table = pa.Table.from_arrays(
@@ -206,6 +219,17 @@ def write_batch(
             logger.exception("rollback failed")
         raise StoreError(str(e)) from e
     return fresh, results
+
+
+def warm_up() -> None:
+    """Import what DuckDB's first scan of an Arrow table imports (pyarrow.dataset and pyarrow.compute:
+    ~0.3 s holding the GIL), so that the first group commit does not pay for it."""
+    import pyarrow.dataset  # noqa: F401
+
+
+def _insert_logs(con: duckdb.DuckDBPyConnection, logs: LogColumns, received_us: int) -> None:
+    table = pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA)
+    con.from_arrow(table).project(LOG_COLUMNS_SQL.format(received_us=int(received_us))).insert_into("logs")
 
 
 def _upsert_instances(con: duckdb.DuckDBPyConnection, instances: dict[str, int], received_us: int) -> None:

@@ -205,6 +205,7 @@ class Writer:
 
     # -- writer thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        store.warm_up()  # on this thread, before the first push waits on it
         stopping = False
         held = None  # a request that must commit alone, taken while gathering the previous batch
         while not stopping:

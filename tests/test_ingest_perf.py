@@ -7,6 +7,8 @@ import asyncio
 import random
 import time
 
+import duckdb
+
 from tests.test_push_api import db_rows, post
 
 
@@ -68,3 +70,28 @@ async def test_received_at_is_the_commit_time_and_ts_the_pushed_one(client):
     rows = db_rows(client, "SELECT epoch_us(ts), epoch_us(received_at) FROM logs ORDER BY seq")
     assert [ts for ts, _ in rows] == [int(1764415248.123456 * 1_000_000), 1795951200_000000]
     assert all(before - 1 <= received / 1e6 <= time.time() + 1 for _, received in rows)
+
+
+async def test_duckdb_keeps_its_default_threads_unless_set(make_client, tmp_path):
+    """Queries scan on every core by default (DuckDB's own setting); duckdb_threads=1 gives the
+    writer's statements one thread (no worker to spin-wait for) on a small host that mostly ingests."""
+    client = await make_client()
+    with duckdb.connect() as plain:
+        [(default_threads,)] = plain.execute("SELECT current_setting('threads')").fetchall()
+    assert db_rows(client, "SELECT current_setting('threads')") == [(default_threads,)]
+    other = await make_client(duckdb_threads=1, db=str(tmp_path / "other.duckdb"))
+    assert db_rows(other, "SELECT current_setting('threads')") == [(1,)]
+
+
+async def test_groups_with_and_without_the_instances_upsert_both_store_every_line(client):
+    """Groups of pushes from known instances (no instances upsert) and groups that must write an
+    instance's row both commit every line once, pushed together and apart."""
+    pushes = [post(client, "/api/v1/logs", {"instance_id": f"C.{i % 3}", "source": "s",
+                                            "lines": [{"seq": i * 10 + k, "line": f"l{i} {k}"} for k in range(10)]})
+              for i in range(30)]
+    for r in await asyncio.gather(*pushes):
+        assert r.status == 200, await r.text()
+    again = await post(client, "/api/v1/logs", {"instance_id": "C.0", "source": "s", "lines": [{"seq": 0, "line": "l0 0"}]})
+    assert (await again.json())["duplicates"] == 1
+    assert db_rows(client, "SELECT count(*), count(DISTINCT (instance_id, seq)) FROM logs") == [(300, 300)]
+    assert db_rows(client, "SELECT count(*) FROM instances WHERE instance_id IN ('C.0', 'C.1', 'C.2')") == [(3,)]
