@@ -230,7 +230,7 @@ def test_lake_maintenance_passes_of_two_nodes_never_overlap(postgres, tmp_path):
     stop = threading.Event()
 
     def node(m: Maintenance) -> None:
-        while not stop.is_set():
+        while not stop.wait(0.01):  # a timer's check, every few milliseconds
             m.run_once()
 
     def writer() -> None:  # appends meanwhile, so each pass has files to merge
@@ -247,7 +247,7 @@ def test_lake_maintenance_passes_of_two_nodes_never_overlap(postgres, tmp_path):
         for t in threads:
             t.start()
         deadline = time.monotonic() + 120
-        while not all(m.passes >= 3 for m in nodes):  # both nodes took turns
+        while not (all(m.passes >= 1 for m in nodes) and sum(m.passes for m in nodes) >= 6):  # both took turns
             assert time.monotonic() < deadline, [m.passes for m in nodes]
             time.sleep(0.05)
     finally:
