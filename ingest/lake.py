@@ -405,16 +405,17 @@ def _write_events(con: duckdb.DuckDBPyConnection, events: list[Event], received_
 
 
 def maintain(con: duckdb.DuckDBPyConnection, snapshot_keep_s: float = 3600.0) -> dict[str, int]:
-    """One maintenance pass, on a cursor of its own (never the writer's connection): flush inlined
-    rows into files, merge the one-file-per-commit output into
-    larger files sorted by stream (``SORTED_BY``: tails read few row groups), expire snapshots older
-    than ``snapshot_keep_s`` and delete the files nothing references any more. Appends do not
-    conflict with any of it; a retention delete does, so on several nodes this runs under the
-    maintenance lock (ingest/lakejobs.py). Returns the data file counts before and after.
+    """One maintenance pass, on a connection of its own (never the writer's): flush inlined rows
+    into files (lakes created with inlining on), merge the one-file-per-commit output into larger
+    files sorted by stream (``SORTED_BY``: tails read few row groups), expire snapshots older than
+    ``snapshot_keep_s`` and delete the files nothing references any more. Appends do not conflict
+    with any of it; a retention delete does, so on several nodes this runs under the maintenance
+    lock (ingest/lakejobs.py). Returns the data file counts before and after.
 
-    Not ``ducklake_rewrite_data_files`` (files holding rows a retention delete removed): on 1.5.5,
-    beside deletes and other nodes' merges, it was followed by internal errors ("Compaction error -
-    row id limit is larger than the row count of the file", then a count(*) of -2 on metrics)."""
+    Not ``ducklake_rewrite_data_files``: rows a retention delete removed stay in their files, masked
+    by delete files (a file all of whose rows were deleted is dropped at once). It was in the pass while DuckLake 1.5.5 raised the internal
+    errors that the lake's settings now avoid (see ``_create_schema`` and lakejobs.Maintenance), and
+    it was taken out then; it is not needed for what any query returns."""
     cur = con.cursor()
     try:
         def files() -> int:
