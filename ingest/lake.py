@@ -413,7 +413,7 @@ def maintain(con: duckdb.DuckDBPyConnection, snapshot_keep_s: float = 3600.0) ->
     lock (ingest/lakejobs.py). Returns the data file counts before and after.
 
     Not ``ducklake_rewrite_data_files``: rows a retention delete removed stay in their files, masked
-    by delete files (a file all of whose rows were deleted is dropped at once). It was in the pass while DuckLake 1.5.5 raised the internal
+    by delete files. It was in the pass while DuckLake 1.5.5 raised the internal
     errors that the lake's settings now avoid (see ``_create_schema`` and lakejobs.Maintenance), and
     it was taken out then; it is not needed for what any query returns."""
     cur = con.cursor()
