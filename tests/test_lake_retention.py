@@ -236,7 +236,7 @@ def test_lake_maintenance_passes_of_two_nodes_never_overlap(postgres, tmp_path):
     def writer() -> None:  # appends meanwhile, so each pass has files to merge
         cur = con.cursor()
         k = 0
-        while not stop.is_set():
+        while not stop.wait(0.02):  # paced: every commit is a file, and each pass merges them all
             cur.execute("INSERT INTO lake.main.logs SELECT 'W', 's', '', i + ?, now()::TIMESTAMP, now()::TIMESTAMP, 'x', false "
                         "FROM range(10) t(i)", [k * 10])
             k += 1
@@ -247,7 +247,7 @@ def test_lake_maintenance_passes_of_two_nodes_never_overlap(postgres, tmp_path):
         for t in threads:
             t.start()
         deadline = time.monotonic() + 120
-        while not (all(m.passes >= 1 for m in nodes) and sum(m.passes for m in nodes) >= 6):  # both took turns
+        while not (all(m.passes >= 1 for m in nodes) and sum(m.passes for m in nodes) >= 4):  # both took turns
             assert time.monotonic() < deadline, [m.passes for m in nodes]
             time.sleep(0.05)
     finally:
