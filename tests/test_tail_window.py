@@ -12,6 +12,7 @@ import logging
 from unittest import mock
 
 import duckdb
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from ingest import streams, tailload
@@ -91,13 +92,19 @@ def test_marks_stay_bounded_and_the_window_tight_for_a_stream_of_many_small_comm
     assert 50_000 - streams.MARK_BUCKET_SEQS <= bounds.since_us <= 50_000  # at most a bucket wider than needed
 
 
-async def test_tail_loads_racing_commits_never_miss_a_line(make_client):
+@pytest.mark.parametrize("restart", [False, True])
+async def test_tail_loads_racing_commits_never_miss_a_line(make_client, restart):
     """Two streams share a one-stream cache, so every tail reloads from the database (through the
     window) while the writer commits lines of both: each tail must be a gapless run ending at a stored
-    seq, as long as what was stored, and at the end equal to the table."""
+    seq, as long as what was stored, and at the end equal to the table. With ``restart`` the lines
+    before the race were stored by a previous process, and start-up's narrowing pass runs during it."""
     client = await make_client(tail_cache_lines=50, tail_cache_max_streams=1)
     for source in ("a", "b"):
-        await push_lines(client, 60, source=source)
+        for start in range(0, 60, 20):  # several commits: several commit times
+            await push_lines(client, 20, source=source, start=start)
+    if restart:
+        await client.close()
+        client = await make_client(tail_cache_lines=50, tail_cache_max_streams=1)
     done = asyncio.Event()
 
     async def writes() -> None:
