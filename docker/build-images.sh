@@ -10,6 +10,9 @@
 #                           local Debian base; local: always the Debian base; registry: never it;
 #                           or an image name used as the base of both
 #   FLEETLOG_IMAGE_TAG      tag of both images (default latest)
+#   FLEETLOG_IMAGES         which images to build (default "ingest agent")
+#   FLEETLOG_INGEST_EXTRA   pyproject's extra in the ingest image: server (default) or lake, which
+#                           adds what `fleetlog serve --lake` needs (about 90 MB; docs/scale-out.md)
 #   FLEETLOG_CA_BUNDLE      CA bundle pip uses inside the build, passed as a build secret
 #                           (default /etc/ssl/certs/ca-certificates.crt when it exists)
 set -euo pipefail
@@ -70,12 +73,15 @@ format_args=()
 if [[ "$engine" == docker ]]; then export DOCKER_BUILDKIT=1; fi  # RUN --mount needs BuildKit
 
 base="${base_args[1]:-as in the Dockerfile}"
-for image in ingest agent; do
+extra="${FLEETLOG_INGEST_EXTRA:-server}"
+case "$extra" in server|lake) ;; *) echo "build-images: FLEETLOG_INGEST_EXTRA: expected server or lake, got '$extra'" >&2; exit 2 ;; esac
+for image in ${FLEETLOG_IMAGES:-ingest agent}; do
     echo "build-images: fleetlog-$image:$tag (version $version, base ${base#BASE=})"
     # The version as a build argument and, for podman, again as --label/--env: buildah 1.28 reuses
     # cached layers whose build argument changed, so the Dockerfile's LABEL and ENV could be stale.
     version_args=(--build-arg "FLEETLOG_IMAGE_VERSION=$version" --label "org.opencontainers.image.version=$version")
     [[ "$engine" == podman && "$image" == agent ]] && version_args+=(--env "FLEETLOG_IMAGE_VERSION=$version")
+    [[ "$image" == ingest ]] && version_args+=(--build-arg "EXTRA=$extra" --label "io.fleetlog.extra=$extra")
     "$engine" build "${format_args[@]}" "${base_args[@]}" "${secret_args[@]}" "${version_args[@]}" \
         -f "docker/$image.Dockerfile" -t "fleetlog-$image:$tag" .
 done

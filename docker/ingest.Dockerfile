@@ -3,7 +3,12 @@
 # the HEALTHCHECK):
 #   docker build -f docker/ingest.Dockerfile --build-arg FLEETLOG_IMAGE_VERSION=0.1.0 -t fleetlog-ingest .
 # BASE: any Debian or Ubuntu image; python3.11 is installed when the base lacks it.
+# EXTRA: pyproject's extra to install, `server` (the single file) or `lake` (adds what
+# `fleetlog serve --lake` needs: the DuckLake and postgres extension packages, psycopg, pytz; about
+# 90 MB more, docs/scale-out.md):
+#   docker build -f docker/ingest.Dockerfile --build-arg EXTRA=lake -t fleetlog-ingest-lake .
 ARG BASE=python:3.11-slim
+ARG EXTRA=server
 FROM ${BASE} AS python
 RUN if ! python3.11 -c 'import ensurepip, venv' 2>/dev/null; then \
         apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
@@ -14,15 +19,16 @@ RUN if ! python3.11 -c 'import ensurepip, venv' 2>/dev/null; then \
 # The virtual environment is built here; the image gets it without pip and without the parts of
 # pyarrow the server never loads (Flight, S3, tests, headers).
 FROM python AS build
+ARG EXTRA
 RUN python3.11 -m venv /opt/fleetlog-venv
 WORKDIR /opt/fleetlog
-# The dependencies first, pyproject's extra 'server': a layer kept while only the code changes. A host
+# The dependencies first, pyproject's extra (EXTRA): a layer kept while only the code changes. A host
 # that intercepts TLS passes its CA bundle as the build secret 'ca'; it is never stored in a layer.
 COPY pyproject.toml README.md ./
 RUN --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
     && mkdir -p agent ingest/handlers && touch agent/__init__.py ingest/__init__.py ingest/handlers/__init__.py \
-    && /opt/fleetlog-venv/bin/pip install --no-cache-dir --disable-pip-version-check --quiet ".[server]" \
+    && /opt/fleetlog-venv/bin/pip install --no-cache-dir --disable-pip-version-check --quiet ".[${EXTRA}]" \
     && /opt/fleetlog-venv/bin/pip uninstall --quiet --yes fleetlog \
     && rm -rf agent ingest build ./*.egg-info
 COPY ingest ./ingest
@@ -34,7 +40,9 @@ RUN --mount=type=secret,id=ca \
     && /opt/fleetlog-venv/bin/pip uninstall --quiet --yes pip setuptools \
     && cd /opt/fleetlog-venv/lib/python3.11/site-packages/pyarrow \
     && rm -rf tests include _flight.* libarrow_flight.* libarrow_python_flight.* _s3fs.* libarrow_s3.* _pyarrow_cpp_tests.* \
-    && cd / && /opt/fleetlog-venv/bin/python -c "import duckdb, pyarrow, grpc, ingest.app"
+    && cd / && /opt/fleetlog-venv/bin/python -c "import duckdb, pyarrow, grpc, ingest.app" \
+    && if [ "$EXTRA" = lake ]; then /opt/fleetlog-venv/bin/python -c "import ingest.lake, ingest.slots; ingest.lake._extension_files()" \
+        && rm -rf /tmp/fleetlog-duckdb-extensions-*; fi
 
 FROM python
 RUN useradd --system --home /var/lib/fleetlog fleetlog \
@@ -53,6 +61,8 @@ VOLUME /var/lib/fleetlog
 EXPOSE 8080 4317
 HEALTHCHECK --interval=15s --timeout=3s CMD python3.11 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=2)"
 ARG FLEETLOG_IMAGE_VERSION=dev
+ARG EXTRA
 LABEL org.opencontainers.image.title="fleetlog-ingest" \
-      org.opencontainers.image.version="${FLEETLOG_IMAGE_VERSION}"
+      org.opencontainers.image.version="${FLEETLOG_IMAGE_VERSION}" \
+      io.fleetlog.extra="${EXTRA}"
 ENTRYPOINT ["fleetlog", "serve"]

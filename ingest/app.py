@@ -9,7 +9,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from ingest import forward, otlpgrpc
-from ingest.auth import InstanceRateLimiter, TokenBook, build_auth_middleware
+from ingest.auth import InstanceRateLimiter, SharedTokens, TokenBook, build_auth_middleware
 from ingest.budget import MemoryBudget
 from ingest.config import Settings
 from ingest.core import Core
@@ -54,10 +54,20 @@ async def _otlp_grpc(app: web.Application) -> None:
         server, app[OTLP_GRPC_PORT] = await otlpgrpc.start(
             settings.host, settings.otlp_grpc_port, app[WRITER], app[TOKENS], app[LIMITER],
             settings.max_body_bytes, settings.max_line_bytes, push.caps_of(settings), app[BUDGET],
+            app.get(forward.FORWARDER),
         )
     yield
     if server is not None:
         await server.stop(grace=5)  # in-flight exports finish (their commits) before the writer stops
+
+
+async def _shared_tokens(app: web.Application) -> None:
+    """Lake mode: instance tokens issued or revoked on any node hold on this one (ingest/auth.py)."""
+    book = app[TOKENS]
+    book.shared = SharedTokens(book, app[SETTINGS].lake.removeprefix("postgres:"), retry_after_s=app[SETTINGS].retry_after_s)
+    await book.shared.start()
+    yield
+    await book.shared.close()
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -71,8 +81,7 @@ def create_app(settings: Settings) -> web.Application:
                                    ingest_metrics.client_disconnects.inc),
             build_body_middleware(budget, settings.http_body_timeout_s),
             build_auth_middleware(tokens),
-            *([forward.build_forward_middleware(lambda a: a[CORE].slots, settings.max_body_bytes, settings.retry_after_s)]
-              if settings.lake else []),
+            *([forward.build_forward_middleware(settings.max_body_bytes, push.caps_of(settings))] if settings.lake else []),
         ],
         client_max_size=settings.max_body_bytes,
     )
@@ -88,10 +97,11 @@ def create_app(settings: Settings) -> web.Application:
     app[LIMITER] = InstanceRateLimiter(settings.instance_max_rows_per_s)
     app[METRICS] = ingest_metrics
     app.cleanup_ctx.append(_core)
+    if settings.lake:
+        app.cleanup_ctx.append(_shared_tokens)
+        app.cleanup_ctx.append(forward.session_ctx(lambda a: a[CORE].slots, settings.retry_after_s))
     app.cleanup_ctx.append(_policy_timer)
     app.cleanup_ctx.append(_otlp_grpc)
-    if settings.lake:
-        app.cleanup_ctx.append(forward.session_ctx)
     app.router.add_post("/api/v1/logs", push.post_logs)
     app.router.add_post("/api/v1/events", push.post_events)
     app.router.add_post("/api/v1/metrics", push.post_metrics)

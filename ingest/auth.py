@@ -6,6 +6,11 @@ only for its own instance (another → 403); the read token reads (read and SQL 
 data, /metrics); the admin token does everything (operator verdicts, executing decisions). No or
 an unknown token → 401. Tokens are compared as SHA-256 digests in constant time and never logged.
 With no token configured everything is open, and the server only binds to loopback.
+
+In lake mode every node serves every instance's pushes (ingest/forward.py), so an instance token
+issued or revoked on one node must hold on all of them: ``SharedTokens`` looks a token this node
+has not seen up in PostgreSQL before refusing it, and polls PostgreSQL for re-issued tokens to drop
+the revoked ones it had cached. Single-file mode has no SharedTokens: a dictionary lookup, as before.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 import math
 import secrets
 import threading
@@ -21,7 +27,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from ingest.errors import Forbidden, RateLimited, Unauthorized
+from ingest.errors import Forbidden, Overloaded, RateLimited, Unauthorized
+
+logger = logging.getLogger(__name__)
 
 PUBLIC, PUSH, READ, ADMIN = "public", "push", "read", "admin"
 
@@ -56,6 +64,8 @@ class TokenBook:
         self._instances: dict[str, str] = {}  # token digest -> instance_id
         self._lock = threading.Lock()
         self.enrolling = asyncio.Lock()  # an enrollment's existence check and its write, as one step
+        self.shared: SharedTokens | None = None  # lake mode: the tokens of every node (PostgreSQL)
+        self._dropped_at: dict[str, float] = {}  # instance -> when SharedTokens last dropped its cached tokens
 
     @property
     def enabled(self) -> bool:
@@ -83,6 +93,40 @@ class TokenBook:
             raise Unauthorized("unknown token")
         return found
 
+    async def authenticate(self, authorization: str | None) -> Principal:
+        """``identify``; in lake mode an instance token this node does not know yet is looked up in
+        PostgreSQL before it is refused (it may have been issued by another node)."""
+        try:
+            return self.identify(authorization)
+        except Unauthorized:
+            shared = self.shared
+            if shared is None or not authorization or not authorization.startswith("Bearer "):
+                raise
+        instance_id = await shared.lookup(digest(authorization[7:].strip()))
+        if instance_id is None:
+            raise Unauthorized("unknown token")
+        return Principal("instance", instance_id)
+
+    def remember_looked_up(self, instance_id: str, token_sha: str, asked_at: float) -> None:
+        """Cache a token read from PostgreSQL at ``asked_at`` (monotonic), unless the instance's tokens
+        were dropped since (the answer may predate a re-issue)."""
+        with self._lock:
+            if self._dropped_at.get(instance_id, -math.inf) < asked_at:
+                self._instances[token_sha] = instance_id
+
+    def drop_others(self, instance_id: str, token_sha: str) -> None:
+        """``token_sha`` was just issued for the instance, maybe revoking others: forget every other
+        token of it cached here (one still valid is only looked up again)."""
+        with self._lock:
+            for known in [k for k, owner in self._instances.items() if owner == instance_id and k != token_sha]:
+                del self._instances[known]
+            self._dropped_at[instance_id] = time.monotonic()
+
+    def forget_drops_before(self, before: float) -> None:
+        with self._lock:
+            for instance_id in [i for i, at in self._dropped_at.items() if at < before]:
+                del self._dropped_at[instance_id]
+
     @staticmethod
     def new_token() -> tuple[str, str]:
         token = "fli_" + secrets.token_urlsafe(32)
@@ -102,6 +146,118 @@ class TokenBook:
     def has_token(self, instance_id: str) -> bool:
         with self._lock:
             return instance_id in self._instances.values()
+
+
+class SharedTokens:
+    """Lake mode: the instance tokens of every node, kept in step through PostgreSQL's
+    ``instance_tokens`` (the rows the writers store tokens in; re-issuing deletes the old rows and
+    inserts the new one in one transaction).
+
+    - Issued anywhere, valid everywhere at once: a token the book does not know is looked up in
+      PostgreSQL (by its digest, one indexed query) before it is refused, and cached. PostgreSQL
+      unreachable or slow: 503 + Retry-After (the agent retries), never a 401 (it would not).
+    - Revoked anywhere, refused everywhere within ``poll_s`` (plus one query): every ``poll_s`` the
+      rows issued in the last ``window_s`` are read, and an instance with a token not seen before
+      loses every other token cached for it; a lookup that started before that drop does not cache
+      its answer. ``issued_at`` is the issuing node's clock, so the nodes' clocks and PostgreSQL's
+      must agree within ``window_s``.
+    - Cost: one query per node per ``poll_s`` reading only recent rows, and one per token a node
+      meets for the first time (or again after a re-issue). The dictionary lookup of the hot path
+      is unchanged.
+    """
+
+    def __init__(self, book: TokenBook, dsn: str, *, poll_s: float = 1.0, window_s: float = 120.0,
+                 lookup_timeout_s: float = 5.0, retry_after_s: int = 1) -> None:
+        self.book, self.dsn = book, dsn
+        self.poll_s, self.window_s, self.lookup_timeout_s, self.retry_after_s = poll_s, window_s, lookup_timeout_s, retry_after_s
+        self._lookups = None  # psycopg.AsyncConnection, opened on first use, again after an error
+        self._seen: dict[tuple[str, str], float] = {}  # (instance, digest) issued within the window -> when seen
+        self._task: asyncio.Task | None = None
+        self._connecting = asyncio.Lock()  # one lookup connection, however many lookups start together
+
+    async def start(self) -> None:
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            for name, column in (("instance_tokens_sha", "token_sha256"), ("instance_tokens_issued", "issued_at")):
+                try:  # nodes starting together race to create them: one wins
+                    await conn.execute(f"CREATE INDEX IF NOT EXISTS fleetlog_{name} ON instance_tokens ({column})")
+                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                    pass
+        self._task = asyncio.create_task(self._run(), name="fleetlog-shared-tokens")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        await self._drop_lookups()
+
+    async def lookup(self, token_sha: str) -> str | None:
+        """The instance ``token_sha`` belongs to in PostgreSQL (cached), or None."""
+        import psycopg
+
+        asked_at = time.monotonic()
+        try:
+            async with asyncio.timeout(self.lookup_timeout_s):
+                async with self._connecting:
+                    if self._lookups is None or self._lookups.closed:
+                        self._lookups = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                    conn = self._lookups
+                row = await (await conn.execute(
+                    "SELECT instance_id FROM instance_tokens WHERE token_sha256 = %s LIMIT 1", [token_sha])).fetchone()
+        except (psycopg.Error, OSError, TimeoutError) as e:
+            logger.warning("instance token lookup failed: %s", type(e).__name__)
+            await self._drop_lookups()
+            raise Overloaded("the token store (PostgreSQL) did not answer; retry", retry_after_s=self.retry_after_s) from None
+        except asyncio.CancelledError:  # mid-query: the connection's state is unknown
+            await self._drop_lookups()
+            raise
+        if row is None:
+            return None
+        self.book.remember_looked_up(row[0], token_sha, asked_at)
+        return row[0]
+
+    async def _drop_lookups(self) -> None:
+        conn, self._lookups = self._lookups, None
+        if conn is not None:
+            await conn.close()
+
+    async def poll(self, conn) -> None:
+        """Drop the cached tokens of every instance given a token not seen before."""
+        rows = await (await conn.execute(
+            "SELECT instance_id, token_sha256 FROM instance_tokens "
+            "WHERE issued_at > (now() AT TIME ZONE 'UTC') - make_interval(secs => %s)", [self.window_s])).fetchall()
+        now = time.monotonic()
+        for instance_id, token_sha in rows:
+            if (instance_id, token_sha) not in self._seen:
+                self.book.drop_others(instance_id, token_sha)
+            self._seen[(instance_id, token_sha)] = now
+        horizon = now - 2 * self.window_s
+        self._seen = {k: at for k, at in self._seen.items() if at >= horizon}
+        self.book.forget_drops_before(now - max(60.0, 4 * self.lookup_timeout_s))  # no lookup is that old
+
+    async def _run(self) -> None:
+        import psycopg
+
+        conn = None
+        try:
+            while True:
+                try:
+                    if conn is None or conn.closed:
+                        conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+                    await self.poll(conn)
+                except Exception:  # noqa: BLE001 (a background loop: log, and try again)
+                    logger.warning("instance token poll failed; retrying", exc_info=True)
+                    if conn is not None:
+                        await conn.close()
+                    conn = None
+                await asyncio.sleep(self.poll_s)
+        finally:
+            if conn is not None:
+                await conn.close()
 
 
 def write_instance_token(con, instance_id: str, token_sha: str, issued_us: int, *, revoke_old: bool) -> None:
@@ -177,7 +333,7 @@ def build_auth_middleware(book: TokenBook):
         role = getattr(handler, "fleetlog_role", READ)
         if role == PUBLIC and not book.enabled:
             return await handler(request)
-        principal = book.identify(request.headers.get("Authorization")) if role != PUBLIC else OPEN
+        principal = await book.authenticate(request.headers.get("Authorization")) if role != PUBLIC else OPEN
         check_role(principal, role)
         request[PRINCIPAL] = principal
         return await handler(request)

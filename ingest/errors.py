@@ -128,3 +128,13 @@ class ClientGone(RequestError):
 class RateLimited(RequestError):
     status = 429
     reason = "rate_limited"
+
+
+def refusal_reasons() -> set[str]:
+    """Every ``reason`` a request can be refused with (the label of the rejected-requests counter)."""
+    reasons, stack = set(), [RequestError]
+    while stack:
+        cls = stack.pop()
+        reasons.add(cls.reason)
+        stack.extend(cls.__subclasses__())
+    return reasons

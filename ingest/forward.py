@@ -1,41 +1,150 @@
 """Lake mode: a push for an instance this node does not own goes to the node that does.
 
-Agents may point at any node (a plain load balancer in front): the JSON push endpoints
-(``/api/v1/logs``, ``/api/v1/events``, ``/api/v1/metrics``) are split by owner (ingest/slots.py):
-the part this node owns is handled here, each other part is POSTed to its owner's advertise URL
-with the client's own Authorization header, and the answers are summed into one. A request that was
-already forwarded is never forwarded again (a slot that moved meanwhile answers 503, and the client
-retries). While a slot has no live owner (a node died and its lease has not expired), the push is
-answered 503 with Retry-After; the client's retry is safe because every line and event is stored at
-most once by its owner.
+Agents and OpenTelemetry senders may point at any node (a plain load balancer in front). Every push
+path is routed by the instance each part of it names (ingest/slots.py says which node owns it):
 
-Not routed (handled by whichever node receives them): the plain-text ``/api/log-push`` and OTLP.
+- ``/api/v1/logs``, ``/api/v1/events``, ``/api/v1/metrics`` (JSON): split by owner, each part
+  rebuilt as a body of the same shape;
+- ``/api/log-push`` (plain text): one instance, named by ``X-Instance-Id``, so the body goes whole;
+- ``/api/v1/instances/{id}/token`` (an admin re-issuing a token): whole, so every token of an
+  instance is written by its owner, one at a time (enrollment already is: it is a ``registered``
+  event); ingest/auth.py's SharedTokens makes the result hold on the other nodes;
+- ``/v1/logs``, ``/v1/metrics`` (OTLP/HTTP, protobuf or JSON): the request's resources split by
+  their ``service.instance.id``, each part sent as protobuf; the replies' ``partial_success`` merged
+  and answered in the client's content type;
+- OTLP/gRPC (ingest/otlpgrpc.py): split the same way, each other part POSTed to the owner's
+  ``/v1/logs`` or ``/v1/metrics`` as protobuf.
+
+The part this node owns is handled here first (a malformed body is refused before anything is
+forwarded), then each other part is POSTed to its owner's advertise URL with the client's own
+Authorization header. Exactly once holds across the hop:
+
+- the client is answered only after every owner answered 200, which each does after its commit;
+- the first part refused is the answer as it came (its status, body and Retry-After);
+- an owner that cannot be reached (connection refused, timeout) is a 503 + Retry-After, never a 200:
+  the client retries, and every line with a seq is stored at most once by its owner (plain-text
+  log-push and OTLP records without ``log.seq`` are numbered by the server, so a retry after a lost
+  acknowledgement stores them again, on one node as on several);
+- a request that was already forwarded (``X-Fleetlog-Forwarded``) is never forwarded again: a slot
+  that moved meanwhile answers 503 and the client retries; while a slot has no live owner (a node
+  died and its lease has not expired) the push is answered 503 + Retry-After too.
+
+Outside lake mode nothing here runs: the middleware is not installed and the gRPC receiver gets no
+Forwarder.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import re
+from typing import Any, Callable, Iterable
 
 import aiohttp
 import orjson
 from aiohttp import web
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 
-from ingest.errors import Overloaded
+from ingest import otlp
+from ingest.codec import Caps, check_id
+from ingest.errors import BadRequest, Overloaded
 from ingest.handlers.http import PRELOADED_BODY, json_response, read_body
 
 logger = logging.getLogger(__name__)
 
-PATHS = frozenset({"/api/v1/logs", "/api/v1/events", "/api/v1/metrics"})
+PATHS = frozenset({"/api/v1/logs", "/api/v1/events", "/api/v1/metrics"})  # JSON, split by owner
+LOG_PUSH = "/api/log-push"
+TOKEN_PATH = re.compile(r"/api/v1/instances/([^/]+)/token")  # an admin re-issuing an instance's token
+OTLP_PATHS = {  # path -> (request type, response type, the request's resources field)
+    "/v1/logs": (ExportLogsServiceRequest, ExportLogsServiceResponse, "resource_logs"),
+    "/v1/metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse, "resource_metrics"),
+}
 FORWARDED = "X-Fleetlog-Forwarded"
-SESSION = web.AppKey("forward_session", aiohttp.ClientSession)
+OTLP_MESSAGE = web.RequestKey("otlp_message", object)  # the OTLP request (or this node's part), parsed here
 
 
-async def session_ctx(app: web.Application):
-    """The one HTTP client session forwards use (lake mode only)."""
-    app[SESSION] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
-    yield
-    await app[SESSION].close()
+class Forwarder:
+    """Which node takes an instance's rows, and the one HTTP client that takes them there."""
+
+    def __init__(self, slots, session: aiohttp.ClientSession, retry_after_s: int) -> None:
+        self.slots, self.session, self.retry_after_s = slots, session, retry_after_s
+
+    def owner(self, instance_id: str, forwarded: bool) -> str | None:
+        """The owner's URL, or None when it is this node; 503 while nobody may take it here."""
+        where, url = self.slots.route(instance_id)
+        if where == "self":
+            return None
+        if where == "wait" or forwarded:
+            raise Overloaded(f"instance {instance_id!r}: its slot is changing owner; retry", retry_after_s=self.retry_after_s)
+        return url
+
+    def group(self, instance_ids: Iterable[str | None], forwarded: bool) -> list[str | None]:
+        """The owner's URL for each id in order (None: this node; an id that is None stays here)."""
+        return [None if i is None else self.owner(i, forwarded) for i in instance_ids]
+
+    async def post(self, url: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        """POST one part to its owner: (status, headers, body) as the owner answered; 503 when it
+        could not be reached or did not answer (the part may or may not be committed: the client's
+        retry is what settles it)."""
+        headers = {**headers, FORWARDED: self.slots.node_id}
+        try:
+            async with self.session.post(url.rstrip("/") + path, data=body, headers=headers) as r:
+                return r.status, dict(r.headers), await r.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            logger.warning("forward to %s failed: %s", url, e)
+            raise Overloaded(f"the node owning this instance did not answer ({type(e).__name__}); retry",
+                             retry_after_s=self.retry_after_s) from None
+
+
+FORWARDER = web.AppKey("forwarder", Forwarder)
+
+
+def session_ctx(slots_of: Callable[[web.Application], Any], retry_after_s: int):
+    """The app's Forwarder and its HTTP client session (lake mode only); ``slots_of(app)``: the
+    node's ingest.slots.Slots, once the core is open."""
+
+    async def ctx(app: web.Application):
+        timeout = aiohttp.ClientTimeout(total=60, sock_connect=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            app[FORWARDER] = Forwarder(slots_of(app), session, retry_after_s)
+            yield
+
+    return ctx
+
+
+# -- the HTTP push paths ------------------------------------------------------------------------------
+
+def build_forward_middleware(max_body_bytes: int, caps: Caps):
+    @web.middleware
+    async def forward_middleware(request: web.Request, handler):
+        forwarder = request.app.get(FORWARDER) if request.method == "POST" else None
+        if forwarder is None:
+            return await handler(request)
+        if request.path in PATHS:
+            return await _json(request, handler, forwarder, max_body_bytes)
+        if request.path == LOG_PUSH:
+            return await _whole(request, handler, forwarder, request.headers.get("X-Instance-Id"), max_body_bytes)
+        if request.path in OTLP_PATHS:
+            return await _otlp(request, handler, forwarder, max_body_bytes, caps)
+        reissue = TOKEN_PATH.fullmatch(request.path)
+        if reissue is not None:
+            return await _whole(request, handler, forwarder, reissue.group(1), max_body_bytes)
+        return await handler(request)
+
+    return forward_middleware
+
+
+def _auth(request: web.Request) -> dict[str, str]:
+    return {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
+
+
+def _relay(status: int, headers: dict[str, str], body: bytes) -> web.Response:
+    """The owner's refusal, as it came (the one JSON error shape, and its Retry-After)."""
+    keep = {k: v for k, v in headers.items() if k == "Retry-After"}
+    return web.Response(body=body, status=status, content_type="application/json", headers=keep)
 
 
 def _items(path: str, doc: Any) -> tuple[list[Any], Any] | None:
@@ -49,64 +158,39 @@ def _items(path: str, doc: Any) -> tuple[list[Any], Any] | None:
     return None
 
 
-def build_forward_middleware(slots_of, max_body_bytes: int, retry_after_s: int):
-    """``slots_of(app)``: the node's ingest.slots.Slots, or None outside lake mode."""
-
-    @web.middleware
-    async def forward_middleware(request: web.Request, handler):
-        slots = slots_of(request.app) if request.path in PATHS and request.method == "POST" else None
-        if slots is None:
-            return await handler(request)
-        body = await read_body(request, max_body_bytes)
-        request[PRELOADED_BODY] = body
-        try:
-            split = _items(request.path, orjson.loads(body))
-        except orjson.JSONDecodeError:
-            split = None
-        if split is None or not all(isinstance(i, dict) and isinstance(i.get("instance_id"), str) for i in split[0]):
-            return await handler(request)  # malformed: the handler names what is wrong
-        items, rebuild = split
-        groups: dict[str | None, list[Any]] = {}  # None: this node
-        for item in items:
-            where, url = slots.route(item["instance_id"])
-            if where == "wait" or (where == "node" and FORWARDED in request.headers):
-                raise Overloaded(f"instance {item['instance_id']!r}: its slot is changing owner; retry", retry_after_s=retry_after_s)
-            groups.setdefault(url if where == "node" else None, []).append(item)
-        if list(groups) == [None]:
-            return await handler(request)
-        answers: list[tuple[int, dict[str, str], bytes]] = []
-        for url, part in groups.items():
-            sub = orjson.dumps(rebuild(part))
-            if url is None:
-                request[PRELOADED_BODY] = sub
-                response = await handler(request)
-                answers.append((response.status, dict(response.headers), response.body))
-            else:
-                answers.append(await _post(request, url, sub, slots.node_id, retry_after_s))
-        return _merge(answers)
-
-    return forward_middleware
-
-
-async def _post(request: web.Request, url: str, body: bytes, node_id: str, retry_after_s: int) -> tuple[int, dict[str, str], bytes]:
-    headers = {"Content-Type": "application/json", FORWARDED: node_id}
-    if "Authorization" in request.headers:
-        headers["Authorization"] = request.headers["Authorization"]
+async def _json(request: web.Request, handler, forwarder: Forwarder, max_body_bytes: int) -> web.StreamResponse:
+    body = await read_body(request, max_body_bytes)
+    request[PRELOADED_BODY] = body
     try:
-        async with request.app[SESSION].post(url.rstrip("/") + request.path, data=body, headers=headers) as r:
-            return r.status, dict(r.headers), await r.read()
-    except (aiohttp.ClientError, TimeoutError) as e:
-        logger.warning("forward to %s failed: %s", url, e)
-        raise Overloaded(f"the node owning this instance did not answer ({type(e).__name__}); retry",
-                         retry_after_s=retry_after_s) from None
+        split = _items(request.path, orjson.loads(body))
+    except orjson.JSONDecodeError:
+        split = None
+    if split is None or not all(isinstance(i, dict) and isinstance(i.get("instance_id"), str) for i in split[0]):
+        return await handler(request)  # malformed: the handler names what is wrong
+    items, rebuild = split
+    groups: dict[str | None, list[Any]] = {}  # None: this node
+    for item, url in zip(items, forwarder.group([i["instance_id"] for i in items], FORWARDED in request.headers)):
+        groups.setdefault(url, []).append(item)
+    if list(groups) == [None]:
+        return await handler(request)
+    answers: list[tuple[int, dict[str, str], bytes]] = []
+    if None in groups:
+        request[PRELOADED_BODY] = orjson.dumps(rebuild(groups.pop(None)))
+        response = await handler(request)
+        answers.append((response.status, dict(response.headers), response.body))
+    for url, part in groups.items():
+        if answers and answers[-1][0] != 200:
+            break
+        answers.append(await forwarder.post(url, request.path, orjson.dumps(rebuild(part)),
+                                            {"Content-Type": "application/json", **_auth(request)}))
+    return _merge(answers)
 
 
 def _merge(answers: list[tuple[int, dict[str, str], bytes]]) -> web.Response:
     """One answer: the first failure as it came, else the counts summed (and tokens joined)."""
     for status, headers, body in answers:
         if status != 200:
-            keep = {k: v for k, v in headers.items() if k in ("Retry-After",)}
-            return web.Response(body=body, status=status, content_type="application/json", headers=keep)
+            return _relay(status, headers, body)
     merged: dict[str, Any] = {"ok": True}
     for _status, _headers, body in answers:
         doc = orjson.loads(body)
@@ -116,3 +200,124 @@ def _merge(answers: list[tuple[int, dict[str, str], bytes]]) -> web.Response:
             elif isinstance(value, dict):
                 merged.setdefault(key, {}).update(value)
     return json_response(merged)
+
+
+async def _whole(request: web.Request, handler, forwarder: Forwarder, instance_id: str | None,
+                 max_body_bytes: int) -> web.StreamResponse:
+    """A request about one instance goes whole to its owner (its body read only when it must be sent)."""
+    if not instance_id or check_id(instance_id) is not None:
+        return await handler(request)  # 400 there, naming the header or the path
+    url = forwarder.owner(instance_id, FORWARDED in request.headers)
+    if url is None:
+        return await handler(request)
+    body = await read_body(request, max_body_bytes)
+    headers = {k: request.headers[k] for k in ("X-Instance-Id", "X-Log-Source", "Content-Type") if k in request.headers}
+    status, got, reply = await forwarder.post(url, request.rel_url.raw_path, body, {**headers, **_auth(request)})
+    if status != 200:
+        return _relay(status, got, reply)
+    return web.Response(body=reply, content_type="application/json")
+
+
+# -- OTLP (HTTP here, gRPC in ingest/otlpgrpc.py) -----------------------------------------------------
+
+def otlp_count(message) -> int:
+    """Log records or metric data points in an OTLP request (what the caps count)."""
+    if isinstance(message, ExportLogsServiceRequest):
+        return sum(len(s.log_records) for r in message.resource_logs for s in r.scope_logs)
+    total = 0
+    for r in message.resource_metrics:
+        for s in r.scope_metrics:
+            for m in s.metrics:
+                kind = m.WhichOneof("data")
+                total += len(getattr(m, kind).data_points) if kind else 0
+    return total
+
+
+def split_otlp(message, forwarder: Forwarder, forwarded: bool, caps: Caps) -> tuple[Any, dict[str, Any]]:
+    """(this node's part or None, {owner URL: its part}) of an OTLP request, by resource. A resource
+    whose ``service.instance.id`` is missing or unacceptable stays here (the converter rejects it in
+    partial_success, or refuses the request with a 400 naming it); the whole request is counted
+    against the caps first, as one node would."""
+    caps.check("log records" if isinstance(message, ExportLogsServiceRequest) else "metric data points",
+               otlp_count(message), caps.lines, "max_lines_per_request")
+    field = "resource_logs" if isinstance(message, ExportLogsServiceRequest) else "resource_metrics"
+    resources = getattr(message, field)
+    ids = []
+    for resource in resources:
+        instance_id = otlp.attributes(resource.resource.attributes).get(otlp.INSTANCE_ATTR)
+        ids.append(instance_id if isinstance(instance_id, str) and instance_id and check_id(instance_id) is None else None)
+    urls = forwarder.group(ids, forwarded)
+    if all(url is None for url in urls):
+        return message, {}
+    parts: dict[str | None, Any] = {}
+    for resource, url in zip(resources, urls):
+        part = parts.get(url)
+        if part is None:
+            part = parts[url] = type(message)()
+        getattr(part, field).add().CopyFrom(resource)
+    return parts.pop(None, None), parts
+
+
+def merge_otlp(replies: list, response_type):
+    """One OTLP reply: the parts' rejected counts summed, their error messages joined."""
+    merged = response_type()
+    rejected_field = "rejected_log_records" if response_type is ExportLogsServiceResponse else "rejected_data_points"
+    rejected, errors = 0, []
+    for reply in replies:
+        if reply.HasField("partial_success"):
+            rejected += getattr(reply.partial_success, rejected_field)
+            if reply.partial_success.error_message:
+                errors.append(reply.partial_success.error_message)
+    if rejected or errors:
+        setattr(merged.partial_success, rejected_field, rejected)
+        merged.partial_success.error_message = "; ".join(errors)
+    return merged
+
+
+async def post_otlp(forwarder: Forwarder, url: str, path: str, part, response_type,
+                    authorization: str | None) -> tuple[int, dict[str, str], Any]:
+    """Send one part to its owner as protobuf: (200, headers, the owner's parsed reply), or the
+    refusal as it came (status, headers, body bytes)."""
+    headers = {"Content-Type": otlp.PROTOBUF, **({"Authorization": authorization} if authorization else {})}
+    status, got, reply = await forwarder.post(url, path, part.SerializeToString(), headers)
+    if status != 200:
+        return status, got, reply
+    try:
+        return status, got, response_type.FromString(reply)
+    except Exception as e:  # noqa: BLE001 (a protobuf DecodeError: not an OTLP reply)
+        logger.warning("forward to %s: the reply is not an OTLP response: %s", url, e)
+        raise Overloaded("the node owning this instance answered something else; retry",
+                         retry_after_s=forwarder.retry_after_s) from None
+
+
+async def _otlp(request: web.Request, handler, forwarder: Forwarder, max_body_bytes: int, caps: Caps) -> web.StreamResponse:
+    content_type = request.content_type
+    if content_type not in (otlp.PROTOBUF, otlp.JSON):
+        return await handler(request)  # 400 there, naming the Content-Type
+    request_type, response_type, _field = OTLP_PATHS[request.path]
+    body = await read_body(request, max_body_bytes)
+    request[PRELOADED_BODY] = body
+    try:
+        message = otlp.parse(body, content_type, request_type)
+    except BadRequest:
+        return await handler(request)  # the handler refuses it with the same message
+    local, remote = split_otlp(message, forwarder, FORWARDED in request.headers, caps)
+    if local is not None:
+        request[OTLP_MESSAGE] = local
+    if not remote:
+        return await handler(request)
+    request[PRELOADED_BODY] = b""  # the parts hold what is left of it
+    del body, message
+    replies = []
+    if local is not None:
+        response = await handler(request)
+        if response.status != 200:
+            return response
+        replies.append(otlp.parse(response.body, content_type, response_type))
+    for url, part in remote.items():
+        status, got, reply = await post_otlp(forwarder, url, request.path, part, response_type,
+                                             request.headers.get("Authorization"))
+        if status != 200:
+            return _relay(status, got, reply)
+        replies.append(reply)
+    return web.Response(body=otlp.serialize(merge_otlp(replies, response_type), content_type), content_type=content_type)

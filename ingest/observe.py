@@ -13,6 +13,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ingest.errors import refusal_reasons
+
+# Series that exist at 0 from start-up: Prometheus' increase() sees no rise at a counter's first
+# increment when the series did not exist before it, so the first burst would never alert.
+DESTROY_OUTCOMES = ("executed", "failed", "superseded", "skipped")
+
 
 class IngestMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -78,6 +84,10 @@ class IngestMetrics:
         self.query_seconds = Histogram(
             "fleetlog_query_seconds", "Time of read and SQL API queries", ["api"], registry=registry
         )
+        for reason in refusal_reasons():
+            self.rejected.labels(reason=reason)
+        for state in DESTROY_OUTCOMES:
+            self.policy_decisions.labels(action="destroy", state=state)
 
 
 class LiveStateCollector(Collector):

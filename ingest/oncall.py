@@ -155,7 +155,7 @@ def logs(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
             params.update(run_id=last[0], after_seq=last[1])
         for line in client.stream(path, timeout_s=3600, **params):
             if last is not None and (line["run_id"], line["seq"]) <= last:
-                continue  # already printed (a follow that starts with no new line resends from the start)
+                continue  # already printed (a guard across reconnects; the server starts after after_seq)
             last = (line["run_id"], line["seq"])
             if pattern is None or pattern.search(line["line"]):
                 _emit_lines([line], fmt, out, header=False)

@@ -5,6 +5,11 @@ the same token, ownership and rate rules: the reply comes after the commit. A mi
 UNAUTHENTICATED, another instance's → PERMISSION_DENIED, over the rate → RESOURCE_EXHAUSTED, a full
 writer or a spent memory budget → UNAVAILABLE (OTLP exporters retry the last two); over a cap
 (lines, streams) or a malformed id → INVALID_ARGUMENT (not retried: the same request would fail again).
+
+In lake mode (a ``Forwarder``) the resources of instances another node owns are POSTed to that node's
+``/v1/logs`` or ``/v1/metrics`` as protobuf (ingest/forward.py) after this node's part is committed;
+the reply waits for every owner's 200, and an owner that refuses or cannot be reached makes the whole
+export fail with the status mapped here (unreachable: UNAVAILABLE, which exporters retry).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import logging
 
 import grpc
+import orjson
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 
@@ -20,43 +26,63 @@ from ingest.budget import Charge, MemoryBudget
 from ingest.codec import Caps, now_us
 from ingest.auth import PUSH, InstanceRateLimiter, TokenBook, check_instances, check_role
 from ingest.errors import RequestError
+from ingest.forward import Forwarder, merge_otlp, post_otlp, split_otlp
 from ingest.writer import Writer
 
 logger = logging.getLogger(__name__)
 
 
 _STATUS = {401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED,
-           429: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
+           429: grpc.StatusCode.RESOURCE_EXHAUSTED, 502: grpc.StatusCode.UNAVAILABLE, 503: grpc.StatusCode.UNAVAILABLE,
+           504: grpc.StatusCode.UNAVAILABLE}
 
 
 class _Receiver:
+    path = ""  # the OTLP/HTTP path a part owned by another node is sent to
+    response_type: type = object
+
     def __init__(self, writer: Writer, tokens: TokenBook, limiter: InstanceRateLimiter, caps: Caps,
-                 budget: MemoryBudget | None) -> None:
+                 budget: MemoryBudget | None, forwarder: Forwarder | None = None) -> None:
         self.writer = writer
         self.tokens = tokens
         self.limiter = limiter
         self.caps = caps
         self.budget = budget
+        self.forwarder = forwarder
 
-    async def export(self, request, context, convert, rows):
+    async def export(self, request, context, convert, rows, reply):
         """Same rules as the HTTP push: token, caps, ownership, rate, memory budget, then the writer
-        (reply after commit). Returns what ``convert(request)`` made of the request; ``rows(converted)``
-        gives the writer's arguments."""
+        (reply after commit), then the other owners' parts. Returns the response message:
+        ``reply(converted)`` of what ``convert(request)`` made of this node's part, merged with the
+        owners' replies; ``rows(converted)`` gives the writer's arguments."""
         charge = Charge(self.budget) if self.budget is not None else None
         try:
             metadata = dict(context.invocation_metadata() or ())
-            principal = self.tokens.identify(metadata.get("authorization"))
+            authorization = metadata.get("authorization")
+            principal = await self.tokens.authenticate(authorization)
             check_role(principal, PUSH)
             if charge is not None:  # grpc holds the message already; charge it before converting
                 charge.cover(request.ByteSize())
-            converted = convert(request)
-            by_instance = converted.rows_by_instance()
-            check_instances(principal, set(by_instance))
-            for instance_id, n in by_instance.items():
-                self.limiter.take(instance_id, n)
-            if by_instance:
-                await self.writer.submit(**rows(converted))
-            return converted
+            remote = {}
+            if self.forwarder is not None:
+                request, remote = split_otlp(request, self.forwarder, False, self.caps)
+            replies = []
+            if request is not None:
+                converted = convert(request)
+                by_instance = converted.rows_by_instance()
+                check_instances(principal, set(by_instance))
+                for instance_id, n in by_instance.items():
+                    self.limiter.take(instance_id, n)
+                if by_instance:
+                    await self.writer.submit(**rows(converted))
+                replies.append(reply(converted))
+            for url, part in remote.items():
+                status, _headers, answer = await post_otlp(self.forwarder, url, self.path, part, self.response_type,
+                                                           authorization)
+                if status != 200:
+                    await context.abort(_STATUS.get(status, grpc.StatusCode.INVALID_ARGUMENT), _message(answer))
+                replies.append(answer)
+            return replies[0] if len(replies) == 1 else merge_otlp(replies, self.response_type)
         except RequestError as e:
             await context.abort(_STATUS.get(e.status, grpc.StatusCode.INVALID_ARGUMENT), e.message)
         finally:
@@ -64,40 +90,58 @@ class _Receiver:
                 charge.close()
 
 
+def _message(body: bytes) -> str:
+    """The error an owner answered (the one JSON error shape), for the gRPC status."""
+    try:
+        return str(orjson.loads(body)["error"])
+    except Exception:  # noqa: BLE001 (not the JSON error shape)
+        return body[:200].decode("utf-8", "replace")
+
+
+def _response(message_type, body: bytes):
+    response = message_type()
+    response.ParseFromString(body)
+    return response
+
+
 class LogsService(_Receiver, logs_service_pb2_grpc.LogsServiceServicer):
+    path = "/v1/logs"
+    response_type = otlp.ExportLogsServiceResponse
+
     def __init__(self, *args, max_line_bytes: int) -> None:
         super().__init__(*args)
         self.max_line_bytes = max_line_bytes
 
     async def Export(self, request, context):  # noqa: N802 (gRPC's name)
-        converted = await self.export(
+        return await self.export(
             request, context, lambda r: otlp.convert_logs(r, self.max_line_bytes, now_us(), self.caps),
             lambda c: {"logs": c.logs, "kind": "otlp_logs"},
+            lambda c: _response(self.response_type, otlp.logs_response(c, otlp.PROTOBUF)),
         )
-        response = otlp.ExportLogsServiceResponse()
-        response.ParseFromString(otlp.logs_response(converted, otlp.PROTOBUF))
-        return response
 
 
 class MetricsService(_Receiver, metrics_service_pb2_grpc.MetricsServiceServicer):
+    path = "/v1/metrics"
+    response_type = otlp.ExportMetricsServiceResponse
+
     async def Export(self, request, context):  # noqa: N802
-        converted = await self.export(
+        return await self.export(
             request, context, lambda r: otlp.convert_metrics(r, now_us(), self.caps),
             lambda c: {"metrics": c.metrics, "kind": "otlp_metrics"},
+            lambda c: _response(self.response_type, otlp.metrics_response(c, otlp.PROTOBUF)),
         )
-        response = otlp.ExportMetricsServiceResponse()
-        response.ParseFromString(otlp.metrics_response(converted, otlp.PROTOBUF))
-        return response
 
 
 async def start(host: str, port: int, writer: Writer, tokens: TokenBook, limiter: InstanceRateLimiter,
                 max_body_bytes: int, max_line_bytes: int, caps: Caps = Caps(),
-                budget: MemoryBudget | None = None) -> tuple[grpc.aio.Server, int]:
+                budget: MemoryBudget | None = None, forwarder: Forwarder | None = None) -> tuple[grpc.aio.Server, int]:
+    """``forwarder``: lake mode (parts of a request another node owns are sent there)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_body_bytes)])
     logs_service_pb2_grpc.add_LogsServiceServicer_to_server(
-        LogsService(writer, tokens, limiter, caps, budget, max_line_bytes=max_line_bytes), server
+        LogsService(writer, tokens, limiter, caps, budget, forwarder, max_line_bytes=max_line_bytes), server
     )
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsService(writer, tokens, limiter, caps, budget), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
+        MetricsService(writer, tokens, limiter, caps, budget, forwarder), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if not bound:
         raise OSError(f"OTLP/gRPC cannot listen on {host}:{port}")

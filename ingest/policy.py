@@ -21,8 +21,8 @@ those views compare against (min_rate, bench_timeout_s) are written by ``store_s
 Verdicts that only fleetlog acts on (``exclude_host``, ``mark_stale``) are recorded as executed.
 ``destroy`` and ``delete_logs`` stay ``proposed`` until a run with ``execute``: then at most
 ``destroy_cap_per_cycle`` destroys go to the actuator; a failed one is retried on later runs until
-``actuator_retries`` attempts, then marked ``failed``. Right before a destroy is carried out its
-rule is evaluated again on current data: if it no longer selects the subject, the decision becomes
+``actuator_retries`` attempts, then marked ``failed``. Right before a destroy or a delete_logs is carried
+out its rule is evaluated again on current data: if it no longer selects the subject, the decision becomes
 ``superseded`` and is never executed. A decision proposed, superseded, executed or failed is sent to
 the notifier (``notify_webhook_url``). Everything is written through the writer.
 """
@@ -245,6 +245,8 @@ class PolicyEngine:
         for decision in destroys[: self.cap]:
             await self._destroy(decision, report, now)
         for decision in (d for d in proposed if d["action"] == "delete_logs"):
+            if not await self._still_selected(decision, report, now):
+                continue
             instance_id = decision["subject"]
 
             def forget(instance_id: str = instance_id) -> None:  # on the writer thread, in step with the delete
@@ -261,12 +263,8 @@ class PolicyEngine:
             await self._settle(decision, "skipped", "instance already killed", now)
             report.skipped.append(decision["id"])
             return
-        current = await asyncio.to_thread(self._recheck, decision, now)
+        current = await self._still_selected(decision, report, now)
         if current is None:
-            await self._settle(decision, "superseded", f"rule {decision['rule']} no longer selects {decision['subject']}", now)
-            report.superseded.append(decision["id"])
-            logger.warning("destroy of %s superseded: rule %s no longer selects it (%s)", decision["subject"],
-                           decision["rule"], decision["reason"])
             return
         decision["reason"], decision["evidence"] = current  # carried out with what holds now
         try:
@@ -286,6 +284,18 @@ class PolicyEngine:
                         "decision_id": decision["id"], "actuator": self.actuator.name, "confirmation": confirmation})
         await self.writer.submit(events=[killed], kind="events")
         logger.warning("destroyed %s (%s): %s", decision["subject"], decision["reason"], confirmation)
+
+    async def _still_selected(self, decision: dict[str, Any], report: CycleReport,
+                              now: dt.datetime) -> tuple[str, Any] | None:
+        """The decision's (reason, evidence) now, if its rule still selects its subject; otherwise the
+        decision is settled as superseded (never carried out on stale evidence) and this is None."""
+        current = await asyncio.to_thread(self._recheck, decision, now)
+        if current is None:
+            await self._settle(decision, "superseded", f"rule {decision['rule']} no longer selects {decision['subject']}", now)
+            report.superseded.append(decision["id"])
+            logger.warning("%s of %s superseded: rule %s no longer selects it (%s)", decision["action"],
+                           decision["subject"], decision["rule"], decision["reason"])
+        return current
 
     async def _settle(self, decision: dict[str, Any], state: str, note: str | None, now: dt.datetime) -> None:
         """Record what became of a decision; ``note`` is the error of a failed attempt, or why it was

@@ -72,9 +72,8 @@ async def test_alert_rules_fire_on_the_demo_fleet_scraped_from_a_real_server(aio
             r = await client.post("/api/v1/logs", data=b'{"instance_id": "C.31", "lines": [')
             assert r.status == 400
 
-    await refused(1)  # a labelled counter exists only from its first increment
-    first = samples(await (await client.get("/metrics")).text())
-    await refused(15)
+    first = samples(await (await client.get("/metrics")).text())  # before any refusal: the series exist at 0
+    await refused(16)
     second = samples(await (await client.get("/metrics")).text())
     assert set(first) <= set(second)
 
@@ -111,3 +110,20 @@ async def test_alert_rules_fire_on_the_demo_fleet_scraped_from_a_real_server(aio
     }, sort_keys=False))
     ran = subprocess.run([tool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
+async def test_every_refusal_reason_and_actuation_outcome_has_a_series_from_the_start(aiohttp_client, settings):
+    """`increase()` sees no rise at a counter's first increment if its series did not exist before it,
+    so the first burst of refused pushes (or the first failed destroy) would never alert: every
+    reason the server can refuse with, and every outcome of a destroy, is exposed at 0 from start-up."""
+    from ingest.errors import refusal_reasons
+
+    client = await aiohttp_client(create_app(settings))
+    text = await (await client.get("/metrics")).text()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    for reason in refusal_reasons() | {"unauthorized", "too_large", "bad_request", "overloaded", "internal"}:
+        assert samples.get(("fleetlog_ingest_rejected_requests_total", (("reason", reason),))) == 0, reason
+    for state in ("executed", "failed", "superseded", "skipped"):
+        key = ("fleetlog_policy_actuations_total", (("action", "destroy"), ("state", state)))
+        assert samples.get(key) == 0, key

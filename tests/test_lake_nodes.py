@@ -31,14 +31,15 @@ LEASE_S = 3.0
 
 
 class Node:
-    def __init__(self, name: str, dsn: str, data: Path, tmp: Path) -> None:
-        self.name, self.port = name, free_port()
+    def __init__(self, name: str, dsn: str, data: Path, tmp: Path, *extra: str) -> None:
+        self.name, self.port, self.grpc_port = name, free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.grpc = f"127.0.0.1:{self.grpc_port}"
         self.log = tmp / f"{name}.log"
-        self.args = [sys.executable, "-m", "ingest.cli", "serve", "--port", str(self.port), "--otlp-grpc-port", "0",
+        self.args = [sys.executable, "-m", "ingest.cli", "serve", "--port", str(self.port), "--otlp-grpc-port", str(self.grpc_port),
                      "--db", str(tmp / f"{name}.duckdb"), "--lake", dsn, "--lake-data", str(data), "--node-id", name,
                      "--advertise-url", self.url, "--lake-lease-s", str(LEASE_S), "--policy-interval-s", "0",
-                     "--log-level", "WARNING"]
+                     "--log-level", "WARNING", *extra]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:

@@ -255,6 +255,24 @@ async def test_stale_then_retention_deletes_logs_only_with_execute(aiohttp_clien
     assert rows(client, "SELECT count(*) FROM bench_runs") == [(1,)]  # the verdict's evidence stays
 
 
+async def test_retention_proposal_is_rechecked_and_superseded_when_the_instance_came_back(aiohttp_client, policy_settings):
+    """A delete_logs proposed for a stale instance is carried out only if the retention rule still
+    selects it: an instance heard from again after it was marked stale keeps its logs."""
+    client = await aiohttp_client(create_app(replace(policy_settings, retention_s=0)))
+    done = utcnow() - dt.timedelta(seconds=30)
+    await incident(client, done, logs_complete=True)
+    await post(client, "/api/v1/events", {"instance_id": "C.32733029", "kind": "killed", "ts": (done + dt.timedelta(seconds=5)).isoformat()})
+    await run_policies(client)
+    await run_policies(client)
+    assert rows(client, "SELECT state FROM decisions WHERE action = 'delete_logs'") == [("proposed",)]
+    # the kill did not happen after all: the daemon reports in again
+    await post(client, "/api/v1/events", {"instance_id": "C.32733029", "kind": "running", "ts": utcnow().isoformat()})
+    await run_policies(client, execute=True)
+    assert rows(client, "SELECT count(*) FROM logs") == [(9,)]
+    assert rows(client, "SELECT state, last_error FROM decisions WHERE action = 'delete_logs'") == [
+        ("superseded", "rule retention no longer selects C.32733029")]
+
+
 async def test_timer_counts_missed_runs(aiohttp_client, policy_settings):
     import asyncio
 

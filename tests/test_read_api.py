@@ -243,6 +243,20 @@ async def test_follow_streams_new_lines_as_they_are_stored(client):
     response.close()
 
 
+async def test_follow_after_the_last_seq_sends_only_lines_stored_later(client):
+    """A follower that reconnects with after_seq=N when nothing newer exists yet gets only what comes
+    after N: never the stream again from seq 0."""
+    import asyncio
+
+    await push_lines(client, 3)
+    response = await client.get("/api/v1/instances/C.32733029/logs?source=benchdaemon&after_seq=2&follow=1")
+    assert response.status == 200
+    await push_lines(client, 1, start=3, text="new")
+    first = orjson.loads(await asyncio.wait_for(response.content.readline(), 10))
+    assert (first["seq"], first["line"]) == (3, "new 3")
+    response.close()
+
+
 async def test_follow_without_source_is_400(client):
     body = await get_json(client, "/api/v1/instances/C.1/logs?follow=1", status=400)
     assert "follow" in body["error"]

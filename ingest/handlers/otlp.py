@@ -1,4 +1,7 @@
-"""OTLP/HTTP: ``POST /v1/logs`` and ``POST /v1/metrics``, protobuf or JSON, gzip accepted."""
+"""OTLP/HTTP: ``POST /v1/logs`` and ``POST /v1/metrics``, protobuf or JSON, gzip accepted.
+
+In lake mode ingest/forward.py has parsed the request already and leaves this node's part of it
+(the resources of the instances it owns) under ``OTLP_MESSAGE``."""
 
 from __future__ import annotations
 
@@ -8,9 +11,17 @@ from ingest import otlp
 from ingest.codec import now_us
 from ingest.errors import BadRequest
 from ingest.auth import PUSH, requires
+from ingest.forward import OTLP_MESSAGE
 from ingest.handlers.http import read_body
 from ingest.handlers.push import admit, caps_of
 from ingest.keys import SETTINGS, WRITER
+
+
+async def _message(request: web.Request, content_type: str, message_type):
+    message = request.get(OTLP_MESSAGE)
+    if message is None:
+        message = otlp.parse(await read_body(request, request.app[SETTINGS].max_body_bytes), content_type, message_type)
+    return message
 
 
 def _content_type(request: web.Request) -> str:
@@ -23,7 +34,7 @@ def _content_type(request: web.Request) -> str:
 async def post_logs(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     content_type = _content_type(request)
-    message = otlp.parse(await read_body(request, settings.max_body_bytes), content_type, otlp.ExportLogsServiceRequest)
+    message = await _message(request, content_type, otlp.ExportLogsServiceRequest)
     converted = otlp.convert_logs(message, settings.max_line_bytes, now_us(), caps_of(settings))
     admit(request, converted.rows_by_instance())
     if converted.logs:
@@ -35,7 +46,7 @@ async def post_logs(request: web.Request) -> web.Response:
 async def post_metrics(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     content_type = _content_type(request)
-    message = otlp.parse(await read_body(request, settings.max_body_bytes), content_type, otlp.ExportMetricsServiceRequest)
+    message = await _message(request, content_type, otlp.ExportMetricsServiceRequest)
     converted = otlp.convert_metrics(message, now_us(), caps_of(settings))
     admit(request, converted.rows_by_instance())
     if len(converted.metrics):

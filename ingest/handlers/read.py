@@ -54,7 +54,7 @@ async def get_logs(request: web.Request) -> web.Response:
         instance_id, source=source, run_id=run_id, q=q, tail=tail, after_seq=after_seq, before_seq=before_seq
     )
     if follow:
-        return await _follow(request, instance_id, source, run_id, q, rows)
+        return await _follow(request, instance_id, source, run_id, q, rows, after_seq)
     return json_response({"lines": render_lines(rows)})
 
 
@@ -79,14 +79,15 @@ _FRACTION = len(".000000Z")
 
 
 async def _follow(request: web.Request, instance_id: str, source: str, run_id: str | None, q: str | None,
-                  rows: list[tuple]) -> web.StreamResponse:
+                  rows: list[tuple], after_seq: int | None = None) -> web.StreamResponse:
     """``follow=1``: the lines asked for, then every new one as it is stored, one JSON object a line
     (NDJSON), for at most FOLLOW_MAX_S, until the client goes away or the server shuts down; new
     lines are those after the last (run_id, seq) sent."""
     reader = request.app[DB]
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
     await response.prepare(request)
-    last = rows[-1][1:3] if rows else None
+    # where the client is: the last line sent, else the after_seq it asked from (never back to seq 0)
+    last = rows[-1][1:3] if rows else (run_id, after_seq) if after_seq is not None else None
     await response.write(b"".join(dumps(line) + b"\n" for line in render_lines(rows)))
     deadline = time.monotonic() + FOLLOW_MAX_S
     while time.monotonic() < deadline and not reader.stopping.is_set():
