@@ -5,9 +5,9 @@ process over loopback. The reference, measured in the same run on the same machi
 those rows in-process: one Arrow table, appended in transactions of REFERENCE_COMMIT_ROWS (100k)
 rows, each an INSERT and a COMMIT, into a fresh database file with the same schema (decode excluded:
 the floor). It is measured twice per round, with one DuckDB thread and with DuckDB's default threads
-(one per core, the server's default), and the ratio is taken against the faster of the two. The
-server runs with its settings from the environment: ``FLEETLOG_DUCKDB_THREADS=1`` measures the
-small-host setting. Target: ingest >= 0.5x the reference.
+(one per core), and the ratio is taken against the faster of the two. The server runs with its
+settings from the environment (``duckdb_threads`` 0: one thread on a host of up to 4 cores;
+``FLEETLOG_DUCKDB_THREADS=2`` measures two here). Target: ingest >= 0.5x the reference.
 
 Two client fleets, alternating with the reference in every round:
 - 8 connections (the figure measured since the issue was filed). Ack after commit means at most 8
