@@ -35,16 +35,20 @@ from bench.common import REPO, Server, free_port, make_line, percentile  # noqa:
 from tests.lake_pg import Postgres, pg_bin  # noqa: E402
 
 
-def post(url: str, doc) -> None:
+def post(url: str, doc, failures: list[int] | None = None) -> bool:
+    """POST, retrying 503/429; another error raises, or with ``failures`` is appended there (False)."""
     request = urllib.request.Request(url, data=json.dumps(doc).encode(), headers={"Content-Type": "application/json"})
     while True:
         try:
             with urllib.request.urlopen(request, timeout=60) as r:
                 r.read()
-                return
+                return True
         except urllib.error.HTTPError as e:
             if e.code not in (503, 429):
-                raise
+                if failures is None:
+                    raise
+                failures.append(e.code)
+                return False
             time.sleep(0.05)
 
 
@@ -55,6 +59,7 @@ def run_load(urls: list[str], seconds: float, pushers: int, instances: int, batc
     push_s: list[float] = []
     tail_s: list[float] = []
     acked = [0]
+    failures: list[int] = []  # pushes answered with an error (not 503/429): their lines are not acknowledged
     lock = threading.Lock()
     names = [f"B.{k}.{j}.{uuid.uuid4().hex[:6]}" for k in range(pushers) for j in range(instances)]
 
@@ -68,8 +73,10 @@ def run_load(urls: list[str], seconds: float, pushers: int, instances: int, batc
                 doc = {"instance_id": instance, "source": "benchout",
                        "lines": [{"seq": s, "ts": 1795951000.0 + s, "line": lines[s % len(lines)]} for s in range(start, start + batch)]}
                 t0 = time.perf_counter()
-                post(urls[turn % len(urls)] + "/api/v1/logs", doc)
+                ok = post(urls[turn % len(urls)] + "/api/v1/logs", doc, failures)
                 turn += 1
+                if not ok:
+                    continue  # the same lines again next time
                 with lock:
                     push_s.append(time.perf_counter() - t0)
                     acked[0] += batch
@@ -95,11 +102,12 @@ def run_load(urls: list[str], seconds: float, pushers: int, instances: int, batc
         t.join()
     elapsed = time.perf_counter() - t0
     return {"lines_s": acked[0] / elapsed, "push_p50_ms": percentile(push_s, 50) * 1e3,
-            "push_p99_ms": percentile(push_s, 99) * 1e3, "tail_p99_ms": percentile(tail_s, 99) * 1e3}
+            "push_p99_ms": percentile(push_s, 99) * 1e3, "tail_p99_ms": percentile(tail_s, 99) * 1e3,
+            "failed_pushes": len(failures)}
 
 
 class LakeNodes:
-    def __init__(self, n: int, dsn: str, tmp: Path, lease_s: float = 6.0) -> None:
+    def __init__(self, n: int, dsn: str, tmp: Path, lease_s: float = 6.0, extra: tuple[str, ...] = ()) -> None:
         self.procs, self.urls = [], []
         for i in range(n):
             port = free_port()
@@ -109,7 +117,7 @@ class LakeNodes:
                 [sys.executable, "-m", "ingest.cli", "serve", "--port", str(port), "--otlp-grpc-port", "0",
                  "--db", str(tmp / f"node{i}.duckdb"), "--lake", dsn, "--lake-data", str(tmp / "lake"),
                  "--node-id", f"node{i}", "--advertise-url", url, "--lake-lease-s", str(lease_s),
-                 "--policy-interval-s", "0", "--log-level", "WARNING"],
+                 "--policy-interval-s", "0", "--log-level", "WARNING", *extra],
                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
                 env=dict(os.environ, PYTHONUNBUFFERED="1")))
             self.urls.append(url)

@@ -112,9 +112,14 @@ class Settings:
     advertise_url: str = _setting("", "lake mode: base URL other nodes forward pushes to (empty: http://host:port)")
     lake_lease_s: float = _setting(6.0, "lake mode: how long a node's lease on its instances lasts without renewal", minimum=1)
     duckdb_threads: int = _setting(
-        0, "DuckDB's worker threads (0: one per core); 1 saves ingest CPU on a small host, but each query then uses one core",
+        0, "DuckDB's worker threads; 0: one on a host of up to 4 cores (a waiting statement spins), else one per core",
         minimum=0,
     )
+    lake_maintenance_interval_s: float = _setting(
+        300.0, "lake mode: how often one node of the lake merges files, expires snapshots and deletes old files (0: never)",
+        minimum=0)
+    lake_snapshot_keep_s: float = _setting(3600.0, "lake mode: maintenance expires lake snapshots older than this (the oldest a query may read)",
+                                           minimum=0)
     forward_timeout_s: float = _setting(
         10.0, "lake mode: how long a push forwarded to its instance's owner may take before the client gets 503 + Retry-After",
         minimum=0.1,

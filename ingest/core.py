@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import duckdb
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ingest import store
+from ingest import store, tailload
 from ingest.actuator import build_actuator
 from ingest.config import Settings
 from ingest.fleetgauges import FleetCollector, GpuCollector
@@ -50,9 +50,25 @@ def _slots(settings: Settings) -> Slots:
 
 
 def _lake_write_batch(slots: Slots):
-    from ingest import lake
+    from ingest import lake, lakejobs
 
-    return functools.partial(lake.write_batch, fence=lake.slot_fence(slots))
+    return functools.partial(lake.write_batch, fence=lake.slot_fence(slots), window=lakejobs.DeleteWindow(slots.dsn))
+
+
+def _lake_jobs(core: "Core") -> None:
+    """Lake mode: retention carried out in the delete window; maintenance on a timer, one node at a
+    time, on a DuckDB instance of its own (a DuckLake error there cannot invalidate the node's)."""
+    from ingest import lake, lakejobs
+
+    settings, slots = core.settings, core.slots
+    lakejobs.carry_out_retention_in_window(core.policy, slots.dsn)
+    slots.on_retired = functools.partial(lakejobs.forget_retired, core.index, core.tail, core.reader)
+    if settings.lake_maintenance_interval_s > 0:
+        own_instance = functools.partial(lake.open_lake, settings.lake, settings.lake_data, settings.duckdb_memory_limit_mb,
+                                         schema=False)
+        core.maintenance = lakejobs.Maintenance(own_instance, slots.dsn, slots.node_id,
+                                                settings.lake_maintenance_interval_s, settings.lake_snapshot_keep_s)
+        core.maintenance.start()
 
 
 def _one_policy_runner(policy: PolicyEngine, slots: Slots) -> None:
@@ -78,6 +94,7 @@ class Core:
     hosts_sql: str  # queries/hosts.sql with host_performance in front
     settings: Settings
     slots: Slots | None = None  # lake mode: which instances this node owns (ingest/slots.py)
+    maintenance: Any = None  # lake mode: an ingest.lakejobs.Maintenance, when its interval is set
 
     @classmethod
     def open(cls, settings: Settings, metrics: IngestMetrics) -> "Core":
@@ -145,10 +162,12 @@ class Core:
         core = cls(con, reader, index, tail, writer, policy, hosts_sql, settings, slots)
         writer._reopen = core.reopen
         writer.start()
+        tailload.refine_in_background(reader)
         if slots is not None:
             slots.on_acquire = core.adopt_slots
             _one_policy_runner(policy, slots)
             slots.start()
+            _lake_jobs(core)
         logger.info("database %s open, %d log streams indexed, %d policy rules", settings.db, index.stream_count(), len(rules))
         return core
 
@@ -191,6 +210,8 @@ class Core:
             self.tail.forget(instance_id)
 
     async def close(self) -> None:
+        if self.maintenance is not None:
+            await asyncio.to_thread(self.maintenance.stop)
         await self.policy.close()
         await self.writer.stop()
         await self.reader.close()  # interrupts what still reads and waits for it

@@ -38,7 +38,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import duckdb
 import orjson
@@ -253,9 +253,14 @@ class PolicyEngine:
                 self.index.forget(instance_id)
                 self.tail.forget(instance_id)
 
-            await self.writer.execute(lambda con: _delete_logs(con, instance_id), kind="policy", after_commit=forget)
+            await self.delete_logs(instance_id, forget)
             await self._settle(decision, "executed", None, now)
             report.executed.append(decision["id"])
+
+    async def delete_logs(self, instance_id: str, after_commit: Callable[[], None]) -> None:
+        """The retention rule carried out: the instance's logs and metrics deleted through the writer.
+        Lake mode carries it out in its delete window instead (ingest/lake.py, wired by ingest/core.py)."""
+        await self.writer.execute(lambda con: _delete_logs(con, instance_id), kind="policy", after_commit=after_commit)
 
     async def _destroy(self, decision: dict[str, Any], report: CycleReport, now: dt.datetime) -> None:
         state = await asyncio.to_thread(self._instance_state, decision["subject"])

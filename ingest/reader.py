@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import duckdb
 
-from ingest import reads
+from ingest import reads, tailload
 from ingest.errors import StorageUnavailable, TooManyQueries
 from ingest.observe import IngestMetrics
 from ingest.streams import StreamIndex
@@ -184,8 +184,8 @@ class Reader:
             cached = cache.tail(key, tail)
             if cached is None and cache.begin_load(key):
                 try:
-                    floor = self.index.tail_floor(instance_id, source, cache.capacity)
-                    loaded, complete = await self._run("logs", reads.load_tail, instance_id, source, cache.capacity, floor)
+                    bounds = self.index.tail_bounds(instance_id, source, cache.capacity)
+                    loaded, complete = await self._run("logs", tailload.load_tail, instance_id, source, cache.capacity, bounds)
                 except BaseException:
                     cache.abort_load(key)
                     raise

@@ -18,6 +18,10 @@ slot this node holds with the token it was granted and at least ``lease_s / 2`` 
 margin to finish before any other node may serve the slot. The margin, not the token, is what keeps
 a paused node out (DuckLake offers no conditional commit); docs/scale-out.md says so.
 
+Retention deletes an instance's lines on the node running the policies; every pass also hands the
+instances retired since (``delete_logs`` decisions executed) to ``on_retired``, so the other nodes
+drop them from their tail cache and seq index too.
+
 The policy runner is one node at a time too: ``try_policy_lock`` takes a PostgreSQL session advisory
 lock on this thread's connection, held until the node stops or loses the connection.
 """
@@ -42,6 +46,10 @@ CREATE TABLE IF NOT EXISTS fleetlog_nodes (node_id text PRIMARY KEY, url text NO
 CREATE TABLE IF NOT EXISTS fleetlog_slots (
     slot integer PRIMARY KEY, owner text, url text, token bigint NOT NULL DEFAULT 0, expires_at timestamptz);
 INSERT INTO fleetlog_slots (slot) SELECT generate_series(0, {SLOTS - 1}) ON CONFLICT DO NOTHING;
+-- one row per maintenance pass of the lake (ingest/lakejobs.py)
+CREATE TABLE IF NOT EXISTS fleetlog_maintenance (
+    node_id text NOT NULL, started_at timestamptz NOT NULL, finished_at timestamptz,
+    files_before integer, files_after integer, error text);
 """
 
 
@@ -58,6 +66,8 @@ class Slots:
                  on_acquire: Callable[[set[int]], None] | None = None) -> None:
         self.dsn, self.node_id, self.url, self.lease_s = dsn, node_id, url, lease_s
         self.on_acquire = on_acquire
+        self.on_retired: Callable[[set[str]], None] | None = None  # instances whose logs retention deleted
+        self._retired_seen: set[int] = set()  # delete_logs decisions already handed to on_retired
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}  # slot -> token, served
         self._owners: dict[int, tuple[str, str, bool]] = {}  # slot -> (owner, url, live), as last read
@@ -196,7 +206,24 @@ class Slots:
         rows = conn.execute("SELECT slot, owner, url, coalesce(expires_at > now(), false) FROM fleetlog_slots").fetchall()
         with self._lock:
             self._owners = {slot: (owner, url, live) for slot, owner, url, live in rows}
+        if self.on_retired is not None:
+            self._learn_retired(conn)
         self.ready.set()
+
+    def _learn_retired(self, conn: psycopg.Connection) -> None:
+        """Retention runs on the policy node, which forgets the instance at once; every other node
+        learns it here, from the decisions executed in the last hour, each once."""
+        rows = dict(conn.execute(
+            "SELECT id, subject FROM decisions WHERE action = 'delete_logs' AND state = 'executed' "
+            "AND executed_at > (now() AT TIME ZONE 'UTC') - interval '1 hour'").fetchall())
+        new = {subject for decision, subject in rows.items() if decision not in self._retired_seen}
+        if new:
+            try:
+                self.on_retired(new)
+            except Exception:  # never let it cost the leases: the next pass tries again
+                logger.exception("forgetting retired instances %s failed", sorted(new))
+                return
+        self._retired_seen = set(rows)
 
     def try_policy_lock(self) -> bool:
         """Whether this node runs the policies (a session advisory lock, kept once taken)."""

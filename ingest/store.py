@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import array
 import logging
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -59,6 +60,16 @@ def migrations() -> list[tuple[int, str, str]]:
 TEMP_DIR_FACTOR = 8  # spilled query state may take this many times the memory limit on disk
 
 
+SMALL_HOST_CORES = 4
+
+
+def auto_threads() -> int:
+    """DuckDB threads when none are set: one on a host of at most SMALL_HOST_CORES usable cores (the
+    spinning costs more than parallel scans gain there), else one per core (DuckDB's own default)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 1 if cores <= SMALL_HOST_CORES else cores
+
+
 def open_database(path: str | Path, memory_limit_mb: int = 256, threads: int = 0) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) and migrate the database, then lock it down for readers.
 
@@ -67,15 +78,15 @@ def open_database(path: str | Path, memory_limit_mb: int = 256, threads: int = 0
     locked for the whole database instance, so no cursor handed to the SQL API can read files or
     change that.
 
-    ``threads`` (0: DuckDB's default, one per core) is DuckDB's worker threads for the whole instance.
+    ``threads`` is DuckDB's worker threads for the whole instance; 0 is ``auto_threads()``.
     With more than one, the Python thread that runs a statement polls DuckDB's task queue (mutex and
     sched_yield) while a worker does the work: measured on the writer's group commits on 2 cores,
     that spinning was over a third of the writer thread's CPU, and one thread appends the same rows
     in half the CPU and less time (bench/ingest_throughput.py). Each cursor still runs its own
-    statement on its own thread, so reads stay concurrent; one statement uses one core. That is why
-    the server's default is DuckDB's own (``duckdb_threads`` 0): on a host with many cores a search or
-    a SQL query over millions of rows scans in parallel, and the spinning costs cores that are idle;
-    1 suits a small host that mostly ingests.
+    statement on its own thread, so reads stay concurrent; one statement uses one core. On a small
+    host one thread also made a first tail's query faster under ingest (p99 6 ms against 12-43 ms on
+    2 cores, bench/tail_latency.py); on a host with many cores a search or a SQL query over millions
+    of rows scans in parallel, and the spinning costs cores that are idle.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,8 +98,7 @@ def open_database(path: str | Path, memory_limit_mb: int = 256, threads: int = 0
     try:
         migrate(con)
         con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
-        if threads:
-            con.execute(f"SET threads = {int(threads)}")
+        con.execute(f"SET threads = {int(threads or auto_threads())}")
         con.execute("SET temp_directory = '{}'".format((str(path) + ".tmp").replace("'", "''")))
         con.execute(f"SET max_temp_directory_size = '{int(memory_limit_mb) * TEMP_DIR_FACTOR}MB'")
         con.execute("SET enable_external_access = false")

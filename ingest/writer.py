@@ -306,7 +306,7 @@ class Writer:
         self._touched(staged.instances, instances, received_us)
         self._metrics.commit_seconds.observe(time.perf_counter() - started)
         self._metrics.batch_rows.observe(len(staged.logs) + len(staged.events) + len(staged.metrics))
-        self._publish(staged)
+        self._publish(staged, received_us)
         for request in batch:
             if request.after_commit is not None:
                 try:
@@ -420,7 +420,7 @@ class Writer:
             self._due.update(i for i in seen if i not in written)
         self._known.update(written)
 
-    def _publish(self, staged: _Staged) -> None:
+    def _publish(self, staged: _Staged, received_us: int | None = None) -> None:
         """After a commit: the dedupe index and the tail cache learn what is now stored."""
         new_sources = {
             (instance_id, source)
@@ -429,7 +429,7 @@ class Writer:
         }
         for key, seqs in staged.new_seqs.items():
             seqs.sort()
-            self._index.commit(key, seqs)
+            self._index.commit(key, seqs, received_us)
         for tail_key, rows in staged.tail_rows.items():
             rows.sort()
             self._tail.on_commit(tail_key, rows, tail_key in new_sources, trimmed=tail_key in staged.tail_trimmed)

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -91,3 +92,36 @@ def postgres():
         yield pg
     finally:
         pg.stop()
+
+
+class LakeNode:
+    """One ``fleetlog serve --lake`` process of a lake (its own process group), for tests that need a
+    second node beside the in-process one."""
+
+    def __init__(self, name: str, dsn: str, data: Path, tmp: Path, lease_s: float = 3.0, *extra: str) -> None:
+        from tests.conftest import REPO
+
+        self.name, self.port = name, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"{name}.log"
+        args = [sys.executable, "-m", "ingest.cli", "serve", "--port", str(self.port), "--otlp-grpc-port", "0",
+                "--db", str(tmp / f"{name}.duckdb"), "--lake", dsn, "--lake-data", str(data), "--node-id", name,
+                "--advertise-url", self.url, "--lake-lease-s", str(lease_s), "--policy-interval-s", "0",
+                "--log-level", "WARNING", *extra]
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+    def alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited: {self.log.read_text()[-3000:]}")
+        return True
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)

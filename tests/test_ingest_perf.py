@@ -72,15 +72,24 @@ async def test_received_at_is_the_commit_time_and_ts_the_pushed_one(client):
     assert all(before - 1 <= received / 1e6 <= time.time() + 1 for _, received in rows)
 
 
-async def test_duckdb_keeps_its_default_threads_unless_set(make_client, tmp_path):
-    """Queries scan on every core by default (DuckDB's own setting); duckdb_threads=1 gives the
-    writer's statements one thread (no worker to spin-wait for) on a small host that mostly ingests."""
+async def test_duckdb_threads_are_one_on_a_small_host_and_one_per_core_on_a_big_one(make_client, tmp_path, monkeypatch):
+    """With more than one DuckDB thread the statement's own thread spins while a worker works: on a
+    small host that costs more than parallel scans gain, on a big one queries scan on every core."""
+    import os
+
+    from ingest import store
+
+    cores = len(os.sched_getaffinity(0))
     client = await make_client()
-    with duckdb.connect() as plain:
-        [(default_threads,)] = plain.execute("SELECT current_setting('threads')").fetchall()
-    assert db_rows(client, "SELECT current_setting('threads')") == [(default_threads,)]
-    other = await make_client(duckdb_threads=1, db=str(tmp_path / "other.duckdb"))
-    assert db_rows(other, "SELECT current_setting('threads')") == [(1,)]
+    expected = 1 if cores <= store.SMALL_HOST_CORES else cores
+    assert db_rows(client, "SELECT current_setting('threads')") == [(expected,)]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert store.auto_threads() == 16
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert store.auto_threads() == 1
+    monkeypatch.undo()
+    other = await make_client(duckdb_threads=3, db=str(tmp_path / "other.duckdb"))
+    assert db_rows(other, "SELECT current_setting('threads')") == [(3,)]
 
 
 async def test_groups_with_and_without_the_instances_upsert_both_store_every_line(client):

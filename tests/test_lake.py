@@ -202,3 +202,26 @@ async def test_lake_policies_decide_as_the_single_file_does(make_client, lake_cl
     expected = await _fleet_decisions(single)
     assert any(d[2] == "destroy" for d in expected["decisions"]), expected  # the scenario decides something
     assert await _fleet_decisions(lake_client) == expected
+
+
+async def test_lake_node_keeps_committing_after_a_slot_it_wrote_moves_away(lake_client):
+    from ingest.slots import slot_of
+
+    gone, kept = "C.9", next(f"C.{k}" for k in range(100, 1000) if slot_of(f"C.{k}") != slot_of("C.9"))
+    for start in (0, 2):  # the second push leaves C.9's last_seen due for the next touch (once a second)
+        doc = {"instance_id": gone, "source": "s", "lines": lines(2, start=start)}
+        assert (await (await post(lake_client, "/api/v1/logs", doc)).json())["accepted"] == 2
+    with _pg(lake_client) as conn:  # another node takes C.9's slot only
+        conn.execute("UPDATE fleetlog_slots SET owner = 'thief', url = 'http://127.0.0.1:9', token = token + 1, "
+                     "expires_at = now() + interval '1 hour' WHERE slot = %s", [slot_of(gone)])
+    deadline = time.monotonic() + 60
+    while slot_of(gone) in lake_client.app[CORE].slots.held():  # its next renewal finds the slot taken
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    started = time.monotonic()
+    for start in range(0, 12, 2):  # past the last_seen step: the touch of C.9 must not fence these out
+        r = await post(lake_client, "/api/v1/logs", {"instance_id": kept, "source": "s", "lines": lines(2, start=start)})
+        assert r.status == 200, await r.text()
+        await asyncio.sleep(0.3)
+    assert time.monotonic() - started > 1.0
+    assert rows(lake_client, "SELECT count(*) FROM logs WHERE instance_id = ?", [kept]) == [(12,)]

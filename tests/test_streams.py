@@ -75,10 +75,10 @@ def test_index_load_from_the_table_matches_the_stored_seqs_with_and_without_hole
     """Start-up takes healthy streams from one aggregate and only holed ones through gaps and
     islands: either way the index must describe exactly the stored seqs."""
     con = duckdb.connect()
-    con.execute("CREATE TABLE logs (instance_id VARCHAR, source VARCHAR, run_id VARCHAR, seq BIGINT)")
+    con.execute("CREATE TABLE logs (instance_id VARCHAR, source VARCHAR, run_id VARCHAR, seq BIGINT, received_at TIMESTAMP DEFAULT now())")
     rows = [(*key, seq) for key, seqs in streams.items() for seq in seqs]
     if rows:
-        con.executemany("INSERT INTO logs VALUES (?, ?, ?, ?)", rows)
+        con.executemany("INSERT INTO logs (instance_id, source, run_id, seq) VALUES (?, ?, ?, ?)", rows)
     index = StreamIndex()
     index.load(con)
     for (instance_id, source, run_id), seqs in streams.items():

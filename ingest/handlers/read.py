@@ -55,12 +55,27 @@ async def get_logs(request: web.Request) -> web.Response:
     )
     if follow:
         return await _follow(request, instance_id, source, run_id, q, rows, after_seq)
-    return json_response({"lines": [_line(row) for row in rows]})
+    return json_response({"lines": render_lines(rows)})
 
 
-def _line(row: tuple) -> dict:
-    s, r, seq, ts, line = row
-    return {"source": s, "run_id": r, "seq": seq, "ts": ts_to_iso(ts), "line": line}
+def render_lines(rows: list[tuple]) -> list[dict]:
+    """Rows (source, run_id, seq, ts_us, line) as the API's line objects.
+
+    A tail of 200 lines spans a few seconds, so each second's "YYYY-MM-DDTHH:MM:SS" is formatted once
+    and the microseconds appended: the same text as ``ts_to_iso`` (tests/test_tail_render.py), at a
+    quarter of the cost. ``ts_to_iso`` was 85% of a cached tail's time on the event loop."""
+    seconds: dict[int, str] = {}
+    out = []
+    for s, r, seq, ts, line in rows:
+        second, us = divmod(ts, 1_000_000)
+        prefix = seconds.get(second)
+        if prefix is None:
+            prefix = seconds[second] = ts_to_iso(second * 1_000_000)[:-_FRACTION]
+        out.append({"source": s, "run_id": r, "seq": seq, "ts": f"{prefix}.{us:06d}Z", "line": line})
+    return out
+
+
+_FRACTION = len(".000000Z")
 
 
 async def _follow(request: web.Request, instance_id: str, source: str, run_id: str | None, q: str | None,
@@ -73,7 +88,7 @@ async def _follow(request: web.Request, instance_id: str, source: str, run_id: s
     await response.prepare(request)
     # where the client is: the last line sent, else the after_seq it asked from (never back to seq 0)
     last = rows[-1][1:3] if rows else (run_id, after_seq) if after_seq is not None else None
-    await response.write(b"".join(dumps(_line(row)) + b"\n" for row in rows))
+    await response.write(b"".join(dumps(line) + b"\n" for line in render_lines(rows)))
     deadline = time.monotonic() + FOLLOW_MAX_S
     while time.monotonic() < deadline and not reader.stopping.is_set():
         with contextlib.suppress(asyncio.TimeoutError):
@@ -86,7 +101,7 @@ async def _follow(request: web.Request, instance_id: str, source: str, run_id: s
         )
         if new:
             last = new[-1][1:3]
-            await response.write(b"".join(dumps(_line(row)) + b"\n" for row in new))
+            await response.write(b"".join(dumps(line) + b"\n" for line in render_lines(new)))
     if request.transport is not None and not request.transport.is_closing():
         await response.write_eof()
     return response
