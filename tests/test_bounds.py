@@ -20,22 +20,15 @@ from ingest.app import create_app
 from ingest.config import Settings
 from ingest.errors import ConfigError
 from ingest.tailcache import TailCache
-from ingest.keys import BUDGET, DB, OTLP_GRPC_PORT
+from ingest.keys import BUDGET, OTLP_GRPC_PORT
 from tests.conftest import free_port
+from tests.fleet import rows
 
 ENROLL, READ, ADMIN = "enroll-7f3a", "read-91bc", "admin-c2d4"
 
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
-
-
-def rows(client, sql: str, params=()):
-    cursor = client.app[DB].cursor()
-    try:
-        return cursor.execute(sql, list(params)).fetchall()
-    finally:
-        cursor.close()
 
 
 def counts(client) -> tuple:

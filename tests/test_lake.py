@@ -13,6 +13,7 @@ import pytest
 from ingest.keys import CORE, DB
 from ingest.slots import SLOTS
 from tests.lake_pg import postgres  # noqa: F401 (a fixture)
+from tests.fleet import rows
 
 pytestmark = pytest.mark.lake
 
@@ -35,14 +36,6 @@ def lines(n: int, start: int = 0) -> list[dict]:
 
 async def post(client, path: str, doc, **kw):
     return await client.post(path, data=orjson.dumps(doc), headers={"Content-Type": "application/json"}, **kw)
-
-
-def rows(client, sql: str, params=()):
-    cursor = client.app[DB].cursor()
-    try:
-        return cursor.execute(sql, list(params)).fetchall()
-    finally:
-        cursor.close()
 
 
 async def test_lake_logs_land_in_the_lake_and_keyed_tables_in_postgres(lake_client):

@@ -16,19 +16,12 @@ import uuid
 import psycopg
 import pytest
 
-from ingest.keys import CORE, DB
+from ingest.keys import CORE
 from ingest.slots import SLOTS, slot_of
 from tests.lake_pg import LakeNode, postgres  # noqa: F401 (a fixture)
+from tests.fleet import rows
 
 pytestmark = [pytest.mark.lake, pytest.mark.slow]
-
-
-def rows(client, sql: str, params=()):
-    cursor = client.app[DB].cursor()
-    try:
-        return cursor.execute(sql, list(params)).fetchall()
-    finally:
-        cursor.close()
 
 
 def post(url: str, doc) -> int:

@@ -7,19 +7,14 @@ import gzip
 
 import orjson
 
-from ingest.keys import DB
+from tests.fleet import rows
 
 
 def lines(n: int, start: int = 0, text: str = "line") -> list[dict]:
     return [{"seq": s, "ts": 1764415248.0 + s, "line": f"{text} {s}"} for s in range(start, start + n)]
 
 
-def db_rows(client, sql: str, params=()):
-    cursor = client.app[DB].cursor()
-    try:
-        return cursor.execute(sql, list(params)).fetchall()
-    finally:
-        cursor.close()
+db_rows = rows  # the name these tests use
 
 
 def count_logs(client) -> int:
