@@ -110,6 +110,19 @@ class Forwarder:
 FORWARDER = web.AppKey("forwarder", Forwarder)
 
 
+FORWARD_CONNECTIONS_PER_OWNER = 32
+
+
+def forward_session(timeout_s: float) -> aiohttp.ClientSession:
+    """The forwarding client: a forward gives up after ``timeout_s``; connections are limited per
+    owner, not in total, so the pushes waiting on an owner that hangs (its lease still live) cannot
+    take the connections a healthy owner's pushes need. Their number stays bounded by the
+    inbound connection cap times the nodes."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(5.0, timeout_s))
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=FORWARD_CONNECTIONS_PER_OWNER)
+    return aiohttp.ClientSession(timeout=timeout, connector=connector)
+
+
 def session_ctx(slots_of: Callable[[web.Application], Any], retry_after_s: int):
     """The app's Forwarder and its HTTP client session (lake mode only); ``slots_of(app)``: the
     node's ingest.slots.Slots, once the core is open. A forward taking longer than
@@ -117,9 +130,7 @@ def session_ctx(slots_of: Callable[[web.Application], Any], retry_after_s: int):
     the client is not held for longer than its own timeout would wait."""
 
     async def ctx(app: web.Application):
-        limit_s = app[SETTINGS].forward_timeout_s
-        timeout = aiohttp.ClientTimeout(total=limit_s, sock_connect=min(5.0, limit_s))
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with forward_session(app[SETTINGS].forward_timeout_s) as session:
             app[FORWARDER] = Forwarder(slots_of(app), session, retry_after_s)
             yield
 

@@ -66,3 +66,50 @@ def test_each_part_is_its_items_bytes_as_sent():
 ])
 def test_a_body_it_cannot_route_is_left_to_the_handler(path, body):
     assert split_json(path, body) is None  # the handler refuses it with the message one node gives
+
+
+async def test_a_hung_owner_does_not_hold_the_forwards_to_a_healthy_one(aiohttp_server):
+    """Pushes waiting on an owner that hangs (its lease still live) must not take every connection
+    of the forwarding client: a push for an instance of a healthy owner goes through at once."""
+    import asyncio
+
+    from aiohttp import web
+
+    from ingest.forward import Forwarder, forward_session
+
+    release = asyncio.Event()
+    arrived = 0
+
+    async def hung(request: web.Request) -> web.Response:
+        nonlocal arrived
+        arrived += 1
+        await release.wait()
+        return web.json_response({"ok": True})
+
+    async def healthy(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    apps = []
+    for handler in (hung, healthy):
+        app = web.Application()
+        app.router.add_post("/api/v1/logs", handler)
+        apps.append(await aiohttp_server(app))
+    hung_url, healthy_url = (str(s.make_url("/")) for s in apps)
+
+    class Slots:  # this node owns nothing; the route is not what this test is about
+        node_id = "n1"
+
+    async with forward_session(timeout_s=120) as session:
+        forwarder = Forwarder(Slots(), session, retry_after_s=1)
+        stuck = [asyncio.create_task(forwarder.post(hung_url, "/api/v1/logs", b"{}", {})) for _ in range(150)]
+        try:
+            deadline = asyncio.get_running_loop().time() + 60
+            while arrived < 20:  # the hung owner holds many of them
+                assert asyncio.get_running_loop().time() < deadline, arrived
+                await asyncio.sleep(0.05)
+            status, _headers, _body = await asyncio.wait_for(
+                forwarder.post(healthy_url, "/api/v1/logs", b"{}", {}), timeout=30)
+            assert status == 200
+        finally:
+            release.set()
+            await asyncio.gather(*stuck, return_exceptions=True)
