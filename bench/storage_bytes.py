@@ -126,7 +126,10 @@ PLAIN_LOGS = """CREATE TABLE logs (instance_id VARCHAR NOT NULL, source VARCHAR 
 def _open(path: Path, variant: str) -> duckdb.DuckDBPyConnection:
     if variant == "fleetlog":
         return store.open_database(path)
-    con = duckdb.connect(str(path), config={"force_compression": "zstd"} if variant == "force_zstd" else {})
+    config = {"storage_compatibility_version": store.STORAGE_VERSION}  # the same file version as fleetlog's
+    if variant == "force_zstd":
+        config["force_compression"] = "zstd"
+    con = duckdb.connect(str(path), config=config)
     con.execute(PLAIN_LOGS)
     return con
 
