@@ -124,9 +124,13 @@ class TokenBook:
         """``token_sha`` was just issued for the instance, maybe revoking others: forget every other
         token of it cached here (one still valid is only looked up again)."""
         with self._lock:
-            for known in [k for k, owner in self._instances.items() if owner == instance_id and k != token_sha]:
-                del self._instances[known]
+            self._forget_tokens_of(instance_id, keep=token_sha)
             self._dropped_at[instance_id] = time.monotonic()
+
+    def _forget_tokens_of(self, instance_id: str, keep: str | None = None) -> None:
+        """Under ``_lock``: drop every cached token of the instance but ``keep``."""
+        for known in [k for k, owner in self._instances.items() if owner == instance_id and k != keep]:
+            del self._instances[known]
 
     def forget_drops_before(self, before: float) -> None:
         with self._lock:
@@ -146,8 +150,7 @@ class TokenBook:
         """The instance's only token is now ``token_sha``: every earlier one stops working (and a
         SharedTokens poll whose rows were read before now does not bring one back)."""
         with self._lock:
-            for known in [k for k, owner in self._instances.items() if owner == instance_id]:
-                del self._instances[known]
+            self._forget_tokens_of(instance_id)
             self._instances[token_sha] = instance_id
             if self.shared is not None:
                 self._dropped_at[instance_id] = time.monotonic()
