@@ -56,6 +56,9 @@ say() {
     echo "$line" >> "$self_log"
 }
 agent() { fleetlog-agent "$1" --spool "$state_dir/main" "${@:2}"; }
+# The parameter fetch has a spool of its own: a restarted agent adopts the unfinished run of its own
+# spool, so after a restart (container or agent) the fetch never adopts the benchmark's run, and the
+# benchmark's `run` adopts it and reports it, whatever the fetch did meanwhile.
 stop_self_tail() {  # on every exit: the entrypoint's last lines leave before it does
     [[ -n "$self_tail_pid" ]] || return 0
     kill -TERM "$self_tail_pid" 2>/dev/null
@@ -96,7 +99,7 @@ self_tail_pid=$!
 
 # 2. Parameter fetch, its output as source 'setup'; params_done with its exit code either way.
 say "fetching proving parameters: ${params_cmd[*]}"
-agent wrap --source setup --done-event params_done -- "${params_cmd[@]}"
+fleetlog-agent wrap --spool "$state_dir/params" --source setup --done-event params_done -- "${params_cmd[@]}"
 rc=$?
 if (( rc != 0 )); then
     say "parameter fetch failed (exit $rc)"

@@ -274,3 +274,46 @@ def test_entrypoint_with_tokens_on_enrolls_once_and_pushes_with_the_instance_tok
     assert (tmp_path / "instance.token").stat().st_mode & 0o777 == 0o600
     assert detail["logs"]["entrypoint"]["complete"] is True  # the self-tail agent used the instance token too
     assert "fleet-enroll" not in out
+
+
+def test_entrypoint_restarted_after_its_agent_was_killed_reports_the_benchmark_it_adopts(server_process, tmp_path):
+    """The benchmark's agent SIGKILLed after the rate line was stored, the entrypoint run again on the
+    same state (a container restart): the parameter fetch must not adopt the benchmark's run, and the
+    benchmark's new agent reports the run it adopts with the rate it printed before the kill."""
+    server = server_process("--policy-interval", "0").start()
+    hold = tmp_path / "hold"
+    env = entrypoint_env(server, tmp_path, FLEETLOG_BENCH_CMD=str(SCRIPTS / "sim_benchmark.sh"), SIM_RATE="45.7",
+                         SIM_HOLD_FILE=str(hold), SIM_LINES="2")
+    first = start_entrypoint(env, tmp_path / "entrypoint.0.out")
+    second = None
+    try:
+        def rate_line_stored():
+            try:
+                lines = get(server, "/api/v1/instances/C.32733029/logs?source=benchout&tail=100")["lines"]
+            except urllib.error.HTTPError:
+                return False
+            return any(l["line"].startswith("Benchmark result:") for l in lines)
+
+        wait_for(rate_line_stored, "the rate line to be stored")
+        ps = subprocess.run(["ps", "-o", "pid=,args=", "--sid", str(first.pid)], capture_output=True, text=True).stdout
+        [agent_pid] = [int(row.split()[0]) for row in ps.splitlines() if "fleetlog-agent run" in row]
+        os.kill(agent_pid, signal.SIGKILL)
+        first.wait(timeout=120)  # the entrypoint exits on its agent's death; the benchmark runs on
+        second = start_entrypoint(env, tmp_path / "entrypoint.1.out")
+
+        def adopting():
+            rows = subprocess.run(["ps", "-o", "args=", "--sid", str(second.pid)], capture_output=True, text=True).stdout
+            return "fleetlog-agent run" in rows
+
+        wait_for(adopting, "the restarted entrypoint's benchmark agent")
+        hold.touch()
+        wait_for(lambda: "running" in [e["kind"] for e in get(server, "/api/v1/instances/C.32733029")["events"]],
+                 "the restarted instance to run its proving stack")
+    finally:
+        for proc in (first, second):
+            if proc:
+                kill_group(proc)
+    detail = get(server, "/api/v1/instances/C.32733029")
+    assert detail["bench"]["exit_code"] == 0 and detail["bench"]["rate_per_hour"] == 45.7, detail["bench"]
+    assert [e["kind"] for e in detail["events"]].count("bench_started") == 1  # adopted, never run twice
+    assert detail["failure_class"] is None
