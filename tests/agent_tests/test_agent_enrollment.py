@@ -69,9 +69,10 @@ def test_agent_retry_after_a_timed_out_but_stored_registration_gets_in(tmp_path,
         tail = agent("tail", proxy.url, "C.51", "--enroll-token", "fleet-enroll", "--token-file", str(token_file),
                      "--request-timeout-s", "1", "--gpu-interval-s", "0", "--tail", f"cuzk={log}")
         proc = tail.start()
-        wait_until(lambda: api.count("C.51", "cuzk") == 30, timeout_s=60,
-                   what=f"the lines after a resent enrollment (agent said: {tail.err.read_text(errors='replace')[-800:]!r})"
-                   if tail.err.exists() else "the lines after a resent enrollment")
+        try:
+            wait_until(lambda: api.count("C.51", "cuzk") == 30, timeout_s=60, what="the lines after a resent enrollment")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the agent said: {tail.err.read_text(errors='replace')[-600:]}") from None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert proxy.registrations >= 2  # the first timed out and was sent again
