@@ -65,6 +65,14 @@ class Settings:
     )
     otlp_grpc_port: int = _setting(4317, "port of the OTLP/gRPC receiver (0 disables it)", minimum=0)
     enroll_token: str = _setting("", "fleet enrollment token: lets an agent register (empty: tokens off)")
+    enroll_declared_only: bool = _setting(
+        False, "the enrollment token registers only ids an admin declared (POST /api/v1/admin/instances); others 403"
+    )
+    enroll_max_per_s: float = _setting(
+        1.0, "instances the enrollment token may register per second on this node (enroll_burst at once) before 429", minimum=0.001
+    )
+    enroll_burst: int = _setting(30, "instances the enrollment token may register at once before enroll_max_per_s applies", minimum=1)
+    enroll_max_ids_per_request: int = _setting(10, "most instances one registration with the enrollment token names; 413 beyond", minimum=1)
     read_token: str = _setting("", "token for the read and SQL APIs, the page's data and /metrics")
     admin_token: str = _setting("", "token for operator verdicts and executing decisions (and everything else)")
     allow_open_bind: bool = _setting(False, "allow binding a non-loopback address with no token configured")
