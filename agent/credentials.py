@@ -14,12 +14,18 @@ whatever their ``--spool``), so the instance registers once, not once per agent:
 ``registered`` would move the instance's lifecycle back. Enrollment sends the agent's own
 ``registered`` event when that is the first thing to send, else a minimal one. When the server no
 longer knows the token (401), it is forgotten and the agent enrolls again.
+
+Every enrollment carries an ``Idempotency-Key``: 32 random bytes kept beside the token file
+(``--token-file`` + ``.key``, 0600, created once, shared the same way), so a registration stored
+whose reply was lost (a timeout on a busy server), or resent by a restarted agent or by another agent
+of the container, gets the same answer: the same instance token. The key is as secret as the token.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from typing import Any
 
@@ -46,6 +52,7 @@ class Credentials:
         self.own: str | None = None
         self.open_server = False  # the server issued no token: it runs without tokens
         self._enroll_ts = round(time.time(), 6)  # one ts: a resent enrollment is deduplicated
+        self._key: str | None = None  # the Idempotency-Key of our enrollment, read or made on first use
         self._load()
 
     def _load(self) -> None:
@@ -76,6 +83,42 @@ class Credentials:
     def enrollment_body(self) -> bytes:
         event = {"instance_id": self.instance_id, "kind": "registered", "ts": self._enroll_ts, "enrolled_by": "fleetlog-agent", **self.registration}
         return orjson.dumps([event])
+
+    @property
+    def enroll_key(self) -> str:
+        """The enrollment's Idempotency-Key: the one kept beside the token file, else a new one kept there."""
+        if self._key is None:
+            self._key = self._kept_key() or secrets.token_urlsafe(32)
+        return self._key
+
+    def _kept_key(self) -> str | None:
+        if not self.token_file:
+            return None
+        path = f"{self.token_file}.key"
+        fresh = secrets.token_urlsafe(32)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)  # the first agent's wins
+        except FileExistsError:
+            pass
+        except OSError as e:
+            logger.warning("cannot keep the enrollment key in %s (%s); a lost reply will need a re-issued token", path, e)
+            return None
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(fresh)
+            return fresh
+        for _ in range(50):  # another agent made it: it writes 43 characters right after creating it
+            try:
+                with open(path) as f:
+                    kept = f.read().strip()
+            except OSError as e:
+                logger.warning("enrollment key %s unreadable: %s", path, e)
+                return None
+            if len(kept) >= 43:
+                return kept
+            time.sleep(0.01)
+        return None
 
     def accept(self, reply: bytes) -> None:
         """The answer to a registration sent with the enrollment token."""

@@ -15,7 +15,8 @@ What an answer does (OpenTelemetry's OTLP/HTTP exporter is the model):
 - 401, 403 and other 5xx: kept and sent again, but only every ``retry_max_delay_s``: the records are
   evidence, and a token fixed or a server repaired must still get them. (A 401 to an enrolled token
   is retried at once: the token is forgotten and the agent enrolls again; see ``credentials.py``.)
-  A 409 to an enrollment is held the same way: the instance was enrolled before and its token is
+  A 409 to an enrollment is held the same way (a resent enrollment carries the same Idempotency-Key and
+  gets the same token, so a 409 means another agent enrolled it): the instance was enrolled before and its token is
   lost; the records wait until an admin re-issues the token into the token file or ``--token``.
 - other 4xx (400, 413, ...): the server will never take these bytes. A batch of several records is
   split and sent record by record; a single record refused is dropped, counted, and logged with the
@@ -101,7 +102,8 @@ class Client:
         creds = self.credentials
         if creds.needs_enrollment:
             registering = path == PATHS["event"] and kinds == {"registered"}
-            outcome, reply = await self._send(PATHS["event"], body if registering else creds.enrollment_body(), creds.enroll_token)
+            outcome, reply = await self._send(PATHS["event"], body if registering else creds.enrollment_body(), creds.enroll_token,
+                                              {"Idempotency-Key": creds.enroll_key})
             if outcome.status == 409:  # enrolled before, token lost: the records wait for a re-issued one
                 logger.error(
                     "the server already knows instance %s and will not enroll it again; keeping every record. "
@@ -119,8 +121,8 @@ class Client:
             return Outcome("retry", 401, outcome.detail, outcome.retry_after_s)
         return outcome
 
-    async def _send(self, path: str, body: bytes, token: str | None) -> tuple[Outcome, bytes]:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async def _send(self, path: str, body: bytes, token: str | None, extra: dict[str, str] | None = None) -> tuple[Outcome, bytes]:
+        headers = ({"Authorization": f"Bearer {token}"} if token else {}) | (extra or {})
         if len(body) >= GZIP_MIN_BYTES:
             body = zlib.compress(body, 1, wbits=31)  # wbits=31: a gzip stream
             headers["Content-Encoding"] = "gzip"

@@ -12,6 +12,10 @@
 #   FLEETLOG_ENROLL_TOKEN      the fleet's enrollment token, when the server has tokens on: the first
 #                              agent registers with it and keeps the instance's own token (0600) in
 #                              FLEETLOG_AGENT_TOKEN_FILE (default /var/tmp/fleetlog-agent.token) for all
+#                              (and its enrollment key beside it, .key, so a resent registration gets
+#                              the same token). Deploy side: the deployer declares FLEETLOG_INSTANCE_ID
+#                              with the admin token (POST /api/v1/admin/instances, docs/agent.md) when it
+#                              creates the instance; undeclared, its failures are never acted on
 #   FLEETLOG_MACHINE_ID, FLEETLOG_HOST_ID, FLEETLOG_DPH, FLEETLOG_LOCATION   identity for 'registered'
 #   FLEETLOG_GPU_MODEL, FLEETLOG_GPU_COUNT   the GPUs, when nvidia-smi cannot say (it is asked otherwise)
 #   FLEETLOG_IMAGE_VERSION     the image's version (baked in at build time), sent as labels.image_version

@@ -16,7 +16,7 @@ from ingest.core import Core
 from ingest.handlers import health, hosts, otlp, page, push, query, read
 from ingest.handlers import queries as query_files, search as search_handlers
 from ingest.handlers.http import build_body_middleware, build_error_middleware
-from ingest.keys import BUDGET, CORE, DB, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
+from ingest.keys import BUDGET, CORE, DB, ENROLL_LIMITER, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
 from ingest.observe import IngestMetrics, LiveStateCollector
 
 logger = logging.getLogger(__name__)
@@ -95,6 +95,8 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[TOKENS] = tokens
     app[LIMITER] = InstanceRateLimiter(settings.instance_max_rows_per_s)
+    app[ENROLL_LIMITER] = InstanceRateLimiter(settings.enroll_max_per_s, settings.enroll_burst,
+                                              "{key} is over {rate:g} registrations/s")
     app[METRICS] = ingest_metrics
     app.cleanup_ctx.append(_core)
     if settings.lake:
@@ -104,6 +106,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_otlp_grpc)
     app.router.add_post("/api/v1/logs", push.post_logs)
     app.router.add_post("/api/v1/events", push.post_events)
+    app.router.add_post("/api/v1/admin/instances", push.post_admin_instances)
     app.router.add_post("/api/v1/metrics", push.post_metrics)
     app.router.add_post("/api/log-push", push.post_log_push)
     app.router.add_post("/v1/logs", otlp.post_logs)

@@ -155,6 +155,14 @@ class TokenBook:
             if self.shared is not None:
                 self._dropped_at[instance_id] = time.monotonic()
 
+    async def instance_of(self, token_sha: str) -> str | None:
+        """The instance a token digest belongs to (lake mode: also one another node issued), or None."""
+        with self._lock:
+            found = self._instances.get(token_sha)
+        if found is None and self.shared is not None:
+            found = await self.shared.lookup(token_sha)
+        return found
+
     def has_token(self, instance_id: str) -> bool:
         with self._lock:
             return instance_id in self._instances.values()
@@ -364,17 +372,19 @@ def check_instances(principal: Principal, instance_ids: set[str], kinds: set[str
 
 
 class InstanceRateLimiter:
-    """A token bucket of rows per instance: ``rate_rows_per_s`` sustained, twice that in a burst.
+    """A token bucket of rows per instance: ``rate_rows_per_s`` sustained, twice that in a burst
+    (or ``burst``; the enrollment token's registrations are limited by one too, keyed by the token).
 
     Every row is charged. A body bigger than the burst is admitted only when the bucket is full and
     then takes it negative by its excess, so the next push waits until the whole cost is earned
     back: the sustained rate holds whatever the body size, and no body waits forever.
     """
 
-    def __init__(self, rate_rows_per_s: float) -> None:
+    def __init__(self, rate_rows_per_s: float, burst: float | None = None, what: str = "instance {key!r} is over {rate:g} rows/s") -> None:
         self.rate = rate_rows_per_s
-        self.burst = 2 * rate_rows_per_s
-        self._buckets: dict[str, tuple[float, float]] = {}  # instance -> (tokens, at)
+        self.burst = 2 * rate_rows_per_s if burst is None else burst
+        self.what = what  # the 429's message
+        self._buckets: dict[str, tuple[float, float]] = {}  # instance (or token) -> (tokens, at)
 
     def take(self, instance_id: str, rows: int) -> None:
         if self.rate <= 0 or rows <= 0:
@@ -387,7 +397,7 @@ class InstanceRateLimiter:
             self._buckets[instance_id] = (tokens, now)
             retry = max(1, math.ceil((needed - tokens) / self.rate))
             raise RateLimited(
-                f"instance {instance_id!r} is over {self.rate:g} rows/s; retry later", headers={"Retry-After": str(retry)}
+                f"{self.what.format(key=instance_id, rate=self.rate)}; retry later", headers={"Retry-After": str(retry)}
             )
         self._buckets[instance_id] = (tokens - rows, now)
 

@@ -29,6 +29,7 @@ from typing import Annotated, Any
 import msgspec
 import orjson
 
+from ingest import promnames
 from ingest.errors import BadRequest, PayloadTooLarge
 
 EVENT_KINDS = frozenset(
@@ -435,9 +436,15 @@ def parse_metrics(doc: Any, received_us: int, caps: Caps = Caps()) -> MetricRows
         labels = sample.get("labels") or {}
         if not isinstance(labels, dict) or not all(isinstance(v, (str, int, float)) for v in labels.values()):
             raise BadRequest(f"{at}.labels: expected an object of strings")
+        labels = {str(k): str(v) for k, v in labels.items()}
+        if promnames.feeds_gauges(name):  # exposed on /metrics under its own name and labels
+            if (why := promnames.check_metric_name(name)) is not None:
+                raise BadRequest(f"{at}.name: {why}")
+            if (why := promnames.check_labels(labels)) is not None:
+                raise BadRequest(f"{at}.labels: {why}")
         rows.instance_id.append(instance_id)
         rows.name.append(name)
         rows.ts_us.append(parse_ts(sample.get("ts"), at + ".ts", received_us))
         rows.value.append(float(value))
-        rows.labels.append(orjson.dumps({str(k): str(v) for k, v in labels.items()}).decode())
+        rows.labels.append(orjson.dumps(labels).decode())
     return rows

@@ -57,8 +57,22 @@ class Settings:
     tail_cache_lines: int = _setting(1000, "most recent lines kept in memory per (instance, source) for fast tails", minimum=0)
     tail_cache_max_streams: int = _setting(2000, "streams kept in the tail cache (least recently used leave first)", minimum=0)
     gpu_gauge_window_s: float = _setting(120.0, "GPU samples older than this drop out of /metrics", minimum=1)
+    gpu_gauge_max_series: int = _setting(
+        20_000, "GPU series on /metrics at most, over all instances (beyond: dropped and counted)", minimum=1
+    )
+    gpu_gauge_max_series_per_instance: int = _setting(
+        2_000, "GPU series on /metrics at most per instance (beyond: dropped and counted)", minimum=1
+    )
     otlp_grpc_port: int = _setting(4317, "port of the OTLP/gRPC receiver (0 disables it)", minimum=0)
     enroll_token: str = _setting("", "fleet enrollment token: lets an agent register (empty: tokens off)")
+    enroll_declared_only: bool = _setting(
+        False, "the enrollment token registers only ids an admin declared (POST /api/v1/admin/instances); others 403"
+    )
+    enroll_max_per_s: float = _setting(
+        1.0, "instances the enrollment token may register per second on this node (enroll_burst at once) before 429", minimum=0.001
+    )
+    enroll_burst: int = _setting(30, "instances the enrollment token may register at once before enroll_max_per_s applies", minimum=1)
+    enroll_max_ids_per_request: int = _setting(10, "most instances one registration with the enrollment token names; 413 beyond", minimum=1)
     read_token: str = _setting("", "token for the read and SQL APIs, the page's data and /metrics")
     admin_token: str = _setting("", "token for operator verdicts and executing decisions (and everything else)")
     allow_open_bind: bool = _setting(False, "allow binding a non-loopback address with no token configured")

@@ -158,7 +158,8 @@ class Core:
         metrics.registry.register(
             FleetCollector(reader, hosts_sql, settings.min_rate, settings.query_timeout_s, settings.db)
         )
-        metrics.registry.register(GpuCollector(reader, settings.gpu_gauge_window_s, settings.query_timeout_s))
+        metrics.registry.register(GpuCollector(reader, settings.gpu_gauge_window_s, settings.query_timeout_s,
+                                               settings.gpu_gauge_max_series, settings.gpu_gauge_max_series_per_instance))
         core = cls(con, reader, index, tail, writer, policy, hosts_sql, settings, slots)
         writer._reopen = core.reopen
         writer.start()

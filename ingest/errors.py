@@ -9,7 +9,7 @@
         ├── Forbidden          403
         ├── NotFound           404
         ├── BodyTimeout        408: a body not received within http_body_timeout_s
-        ├── Conflict           409: the enrollment token registering an instance that exists
+        ├── Conflict           409: the enrollment token registering an instance that exists; identity changed
         ├── ClientGone         499: the client closed the connection mid-body (counted, not answered)
         ├── PayloadTooLarge    413: body over max_body_bytes, before or after gzip
         ├── QueryError         400: the SQL API refused or failed a query

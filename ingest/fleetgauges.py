@@ -11,17 +11,17 @@ instance_logs), the same definitions the rules, the canned questions and the rea
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 import orjson
 
+from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ingest import reads
+from ingest import promnames, reads
 from ingest.policy import utcnow
 
 if TYPE_CHECKING:
@@ -116,43 +116,100 @@ def _per_machine(hosts: list[dict], field: str, name: str, help_text: str) -> Ga
     return g
 
 
+# The latest value of each GPU series (instance, name, labels) received in the window, at most
+# $per_instance per instance and $total in all; the total is shared round-robin (every instance's first
+# series before anyone's second), so one busy instance cannot push the others out. The same series are
+# kept from one scrape to the next (ordered by name and labels). Also: how many series there were over
+# each cap, counted before the caps are applied.
 GPU_LATEST = r"""
-SELECT m.instance_id, i.machine_id, m.name, m.labels, arg_max(m.value, m.ts) AS value
-FROM metrics m
-LEFT JOIN instances i USING (instance_id)
-LEFT JOIN instance_state s USING (instance_id)
-WHERE m.received_at >= now()::TIMESTAMP - to_seconds(?::DOUBLE)
-  AND m.name LIKE 'DCGM\_FI\_%' ESCAPE '\'
-  AND coalesce(s.state, '') <> 'killed'
-GROUP BY ALL
+WITH latest AS (
+    SELECT m.instance_id, i.machine_id, m.name, m.labels, arg_max(m.value, m.ts) AS value
+    FROM metrics m
+    LEFT JOIN instances i USING (instance_id)
+    LEFT JOIN instance_state s USING (instance_id)
+    WHERE m.received_at >= now()::TIMESTAMP - to_seconds($window_s::DOUBLE)
+      AND m.name LIKE 'DCGM\_FI\_%' ESCAPE '\'
+      AND coalesce(s.state, '') <> 'killed'
+    GROUP BY ALL
+), ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY instance_id ORDER BY name, labels) AS nth FROM latest
+)
+SELECT instance_id, machine_id, name, labels, value,
+       (SELECT count(*) FROM ranked WHERE nth > $per_instance) AS over_instance_cap,
+       count(*) OVER () AS under_instance_cap
+FROM ranked
+WHERE nth <= $per_instance
+ORDER BY nth, instance_id, name, labels
+LIMIT $total
 """
-_LABEL_OK = re.compile(r"[^a-zA-Z0-9_]")
+DROP_REASONS = ("instance_cap", "total_cap", "metric_name", "label_name", "label_size", "duplicate")
 
 
 class GpuCollector(Collector):
     """The latest value of every GPU metric (DCGM-exporter names) per instance and GPU, from the
-    samples received in the last ``window_s``; a killed or silent instance drops out."""
+    samples received in the last ``window_s``; a killed or silent instance drops out.
 
-    def __init__(self, reader: "Reader", window_s: float, timeout_s: float) -> None:
+    Bounded and valid whatever is stored: at most ``max_series_per_instance`` series per instance and
+    ``max_series`` in all; names and labels that break Prometheus's rules (``ingest/promnames.py``;
+    the doors refuse them, rows stored before may hold them) and series that render the same as another
+    are left out. Each series left out of a scrape counts in ``fleetlog_gpu_series_dropped_total``
+    {reason} at that scrape, yielded after the gauges so that a scrape shows its own drops."""
+
+    def __init__(self, reader: "Reader", window_s: float, timeout_s: float, max_series: int,
+                 max_series_per_instance: int) -> None:
         self.reader = reader
         self.window_s = window_s
         self.timeout_s = timeout_s
+        self.max_series = max_series
+        self.max_series_per_instance = max_series_per_instance
+        self.dropped = Counter("fleetlog_gpu_series_dropped_total",
+                               "GPU series left out of a scrape of /metrics, by reason (counted at each scrape)",
+                               ["reason"], registry=None)
+        for reason in DROP_REASONS:
+            self.dropped.labels(reason=reason)
 
     def collect(self) -> Iterable[Metric]:
         try:
-            with reads.deadline_cursor(self.reader, self.timeout_s) as cur:
-                rows = cur.execute(GPU_LATEST, [self.window_s]).fetchall()
+            yield from self._gauges()
         except Exception:
             logger.exception("GPU gauges unavailable for this scrape")
+        yield from self.dropped.collect()
+
+    def _gauges(self) -> Iterable[Metric]:
+        params = {"window_s": self.window_s, "per_instance": self.max_series_per_instance, "total": self.max_series}
+        with reads.deadline_cursor(self.reader, self.timeout_s) as cur:
+            rows = cur.execute(GPU_LATEST, params).fetchall()
+        if not rows:
             return
-        by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
-        for instance_id, machine_id, name, labels, value in rows:
-            points = {_LABEL_OK.sub("_", k): str(v) for k, v in orjson.loads(labels).items()}
+        self._drop("instance_cap", rows[0][5])
+        self._drop("total_cap", rows[0][6] - len(rows))
+        families: dict[str, Metric] = {}
+        seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        for instance_id, machine_id, name, labels, value, _over, _under in rows:
+            if promnames.check_metric_name(name) is not None:
+                self._drop("metric_name")
+                continue
+            stored = orjson.loads(labels)
+            points = {promnames.translate(k): str(v) for k, v in stored.items()}
+            if any(promnames.check_label_name(k) is not None for k in points):
+                self._drop("label_name")
+                continue
+            if sum(len(k) + len(v) for k, v in points.items()) > promnames.MAX_LABEL_CHARS:
+                self._drop("label_size")
+                continue
             points.update(instance_id=instance_id, machine_id="" if machine_id is None else str(machine_id))
-            by_name.setdefault(name, []).append((points, value))
-        for name, points in sorted(by_name.items()):
-            label_names = sorted({k for labels, _ in points for k in labels})
-            family = GaugeMetricFamily(name, f"{name} (latest sample from the fleet's agents)", labels=label_names)
-            for labels, value in points:
-                family.add_metric([labels.get(k, "") for k in label_names], value)
+            key = (name, tuple(sorted(points.items())))
+            if key in seen:
+                self._drop("duplicate")
+                continue
+            seen.add(key)
+            family = families.get(name)
+            if family is None:
+                family = families[name] = Metric(name, f"{name} (latest sample from the fleet's agents)", "gauge")
+            family.add_sample(name, dict(key[1]), value)
+        for _name, family in sorted(families.items()):
             yield family
+
+    def _drop(self, reason: str, n: int = 1) -> None:
+        if n:
+            self.dropped.labels(reason=reason).inc(n)

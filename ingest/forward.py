@@ -160,7 +160,8 @@ def build_forward_middleware(max_body_bytes: int, caps: Caps):
 
 
 def _auth(request: web.Request) -> dict[str, str]:
-    return {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
+    """The client's credentials, for the owner to check again (an enrollment's Idempotency-Key too)."""
+    return {k: request.headers[k] for k in ("Authorization", "Idempotency-Key") if k in request.headers}
 
 
 def _relay(status: int, headers: dict[str, str], body: bytes) -> web.Response:

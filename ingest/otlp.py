@@ -5,7 +5,9 @@ Mapping: the resource attribute ``service.instance.id`` is the instance; the log
 the seq (else the server numbers the lines); ``log.run_id`` the run (default "0"). A record that
 cannot be mapped is rejected alone and counted in ``partial_success``; the rest is written.
 Metrics: gauge and sum points become samples of their name; histogram points become
-``<name>_count`` and ``<name>_sum``; a point's attributes become the sample's labels.
+``<name>_count`` and ``<name>_sum``; a point's attributes become the sample's labels. A ``DCGM_FI_*``
+point (exposed on /metrics) whose name or attribute keys break Prometheus's naming rules, keys
+translated as Prometheus's OTLP receiver does (``ingest/promnames.py``), is rejected alone.
 
 The instance id, source and run_id follow the one id rule (``codec.check_id``): a present but
 unacceptable value is a 400 naming the attribute (not a partial success: the exporter must not
@@ -31,6 +33,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
+from ingest import promnames
 from ingest.codec import MAX_SEQ, Caps, LogChunk, MetricRows, check_id, truncate_line
 from ingest.errors import BadRequest
 
@@ -183,11 +186,19 @@ def convert_metrics(request: ExportMetricsServiceRequest, received_us: int, caps
                     for _ in points:
                         out.reject(f"resource attribute {INSTANCE_ATTR} missing or empty")
                     continue
-                if check_id(metric.name) is not None:
+                why = check_id(metric.name)
+                if why is None and promnames.feeds_gauges(metric.name):  # exposed on /metrics
+                    why = promnames.check_metric_name(metric.name)
+                if why is not None:
                     for _ in points:
-                        out.reject(f"metric name {metric.name[:40]!r}: {check_id(metric.name)}")
+                        out.reject(f"metric name {metric.name[:40]!r}: {why}")
                     continue
                 for point in points:
+                    if promnames.feeds_gauges(metric.name):
+                        labels = {k: str(v) for k, v in attributes(point.attributes).items()}
+                        if (why := promnames.check_labels(labels, translated=True)) is not None:
+                            out.reject(f"{metric.name}: {why}")
+                            continue
                     if kind in ("gauge", "sum"):
                         which = point.WhichOneof("value")
                         if which is None:

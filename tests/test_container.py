@@ -119,8 +119,9 @@ class Api:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def call(self, path: str, token: str, method: str = "GET"):
-        request = urllib.request.Request(self.url + path, method=method, data=b"" if method == "POST" else None,
+    def call(self, path: str, token: str, method: str = "GET", body: dict | None = None):
+        data = orjson.dumps(body) if body is not None else b"" if method == "POST" else None
+        request = urllib.request.Request(self.url + path, method=method, data=data,
                                          headers={"Authorization": f"Bearer {TOKENS[token]}"})
         with urllib.request.urlopen(request, timeout=30) as r:
             return orjson.loads(r.read())
@@ -315,6 +316,7 @@ def test_an_instance_lifecycle_in_containers(fleet, images):
 
 def test_a_failing_benchmark_in_containers_is_classified_and_its_destroy_proposed(fleet, images):
     containers, api = fleet
+    api.call("/api/v1/admin/instances", "admin", method="POST", body={"instance_ids": ["C.1002"]})  # the deployer's step
     agent = start_agent(containers, api, images, "C.1002", STANDIN_BENCH="oom")
     assert containers.exit_code(agent) == 1, containers.logs(agent)[-3000:]
     detail = wait_for(lambda: (d := api.instance("C.1002")) and d["logs"].get("entrypoint", {}).get("complete") and d,

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import datetime as dt
+import io
 import os
 import re
 from pathlib import Path
@@ -459,3 +461,29 @@ async def test_query_page_runs_a_canned_question_and_free_sql_and_downloads_csv(
     await page.click("#query-run")
     await expect(page.locator("#error")).to_contain_text("only SELECT")
     assert len((await fleet.get("/api/v1/instances/C.40/logs?source=setup"))["lines"]) == 3
+
+
+FORMULAS = ['=HYPERLINK("http://x","y")', "+1+1", "-2+3", "@SUM(A1)", "\t=1+1", "\r=1+1", "plain; =1+1", "-5"]
+
+
+@pytest.mark.slow
+async def test_query_page_csv_neutralises_formulas_while_the_api_csv_stays_exact(fleet, page):
+    await push_lines(fleet.http, "C.40", "notes", FORMULAS, at=utcnow())
+    sql = "SELECT line, -1 AS n FROM logs WHERE source = 'notes' ORDER BY seq"
+    await page.goto(fleet.url + "/#/query")
+    await page.fill("#query-sql", sql)
+    await page.click("#query-run")
+    await expect(page.locator("#query-result tbody tr")).to_have_count(len(FORMULAS))
+    async with page.expect_download() as download_info:
+        await page.click("#query-csv")
+    download = await download_info.value
+    cells = list(csv.reader(io.StringIO(Path(await download.path()).read_bytes().decode(), newline="")))
+    assert cells[0] == ["line", "n"]
+    assert [row[0] for row in cells[1:]] == ["'" + line if line[0] in "=+-@\t\r" and line != "-5" else line
+                                              for line in FORMULAS]
+    assert {row[1] for row in cells[1:]} == {"-1"}  # numbers stay numbers
+
+    async with fleet.http.post("/api/v1/query?format=csv", json={"sql": sql}) as r:  # for programs: exact
+        assert r.status == 200
+        exact = list(csv.reader(io.StringIO(await r.text(), newline="")))
+    assert [row[0] for row in exact[1:]] == FORMULAS

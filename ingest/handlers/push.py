@@ -6,19 +6,22 @@ the cap), and the body is read under its share of the memory budget (``handlers/
 The body is dropped as soon as it is parsed, so a request waiting for its commit holds rows, not both.
 
 Enrollment: the fleet's enrollment token registers only instances that do not exist yet (409 naming
-the instance otherwise; nothing is written); an admin re-issues an instance's token with
-``POST /api/v1/instances/{id}/token``, which revokes every earlier one.
+the instance otherwise; nothing is written), at most ``enroll_max_ids_per_request`` at once (413) and
+``enroll_max_per_s`` per node (429), except that the same ``Idempotency-Key`` gets the same answer
+again; an admin declares the ids it creates (``POST /api/v1/admin/instances``) and re-issues an
+instance's token with ``POST /api/v1/instances/{id}/token``, which revokes every earlier one. What
+an enrollment vouches for, and why, is ingest/enrollment.py's docstring.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from ingest import codec
+from ingest import codec, enrollment
 from ingest.auth import ADMIN, OPEN, PRINCIPAL, PUSH, Principal, check_instances, known_instances, requires, write_instance_token
-from ingest.errors import Conflict, NotFound
+from ingest.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge
 from ingest.handlers.http import json_response, read_body
-from ingest.keys import DB, LIMITER, SETTINGS, TOKENS, WRITER
+from ingest.keys import DB, ENROLL_LIMITER, LIMITER, SETTINGS, TOKENS, WRITER
 
 
 def caps_of(settings) -> codec.Caps:
@@ -88,52 +91,134 @@ async def post_events(request: web.Request) -> web.Response:
         rows[event.instance_id] = rows.get(event.instance_id, 0) + 1
     principal = admit(request, rows, {e.kind for e in events})
     book = request.app[TOKENS]
+    if principal.kind == "instance" and any(e.kind == "registered" for e in events):
+        async with book.enrolling:  # the identity check and its write, as one step
+            await refuse_identity_change(request, principal.instance_id, events)
+            return await _write(request, "events", events=events)
     if not (book.enabled and principal.kind in ("enroll", "admin")):
         return await _write(request, "events", events=events)
     registering = sorted({e.instance_id for e in events if e.kind == "registered"})
+    key = None
+    if principal.kind == "enroll":
+        key = enrollment.parse_key(request.headers.get("Idempotency-Key"))
+        if len(registering) > settings.enroll_max_ids_per_request:
+            raise PayloadTooLarge(f"registered: {len(registering)} instances in one request; the enrollment token "
+                                  f"registers at most enroll_max_ids_per_request={settings.enroll_max_ids_per_request}")
+        request.app[ENROLL_LIMITER].take("the enrollment token", len(registering))
     async with book.enrolling:  # check and write as one step against every other enrollment
-        if principal.kind == "enroll":
-            await refuse_known(request, registering)
-        issued = {instance_id: book.new_token() for instance_id in registering}
+        replays = await refuse_known(request, registering) if principal.kind == "enroll" else set()
+        issued = {i: enrollment.derive_token(key, i) if key else book.new_token() for i in registering if i not in replays}
+        fresh = [e for e in events if e.instance_id not in replays]  # a replay's events are stored already
         now = codec.now_us()
+        enrolled = sorted(issued) if principal.kind == "enroll" else []
 
         def store_tokens(con) -> None:
             for instance_id, (_token, token_sha) in issued.items():
                 write_instance_token(con, instance_id, token_sha, now, revoke_old=False)
+            if enrolled:
+                enrollment.record_enrolled(con, enrolled, now)
 
-        result = await request.app[WRITER].submit(events=events, actions=[store_tokens] if issued else None, kind="events")
+        accepted, duplicates = 0, len(events) - len(fresh)
+        if fresh:
+            result = await request.app[WRITER].submit(events=fresh, actions=[store_tokens] if issued else None, kind="events")
+            accepted, duplicates = result.accepted, duplicates + result.duplicates
         for instance_id, (_token, token_sha) in issued.items():
             book.remember(instance_id, token_sha)
-    reply = {"ok": True, "accepted": result.accepted, "duplicates": result.duplicates}
-    if issued:
-        reply["tokens"] = {instance_id: token for instance_id, (token, _sha) in issued.items()}
+    reply = {"ok": True, "accepted": accepted, "duplicates": duplicates}
+    tokens = {instance_id: token for instance_id, (token, _sha) in issued.items()}
+    tokens.update({instance_id: enrollment.derive_token(key, instance_id)[0] for instance_id in replays})
+    if tokens:
+        reply["tokens"] = tokens
     return json_response(reply)
+
+
+def _read(request: web.Request, read):
+    """``read(cursor)`` on a reader's cursor, off the event loop."""
+    reader = request.app[DB]
+
+    def run():
+        cursor = reader.open_cursor()
+        try:
+            return read(cursor)
+        finally:
+            reader.close_cursor(cursor)
+
+    return reader.call(run)
 
 
 async def _existing(request: web.Request, instance_ids: list[str]) -> set[str]:
     book = request.app[TOKENS]
     found = {i for i in instance_ids if book.has_token(i)}
-
-    reader = request.app[DB]
-
-    def read() -> set[str]:
-        cursor = reader.open_cursor()
-        try:
-            return known_instances(cursor, instance_ids)
-        finally:
-            reader.close_cursor(cursor)
-
-    return found | await reader.call(read)
+    return found | await _read(request, lambda cursor: known_instances(cursor, instance_ids))
 
 
-async def refuse_known(request: web.Request, instance_ids: list[str]) -> None:
-    """The enrollment token may not register an instance that exists (a replay would mint a token)."""
-    known = sorted(await _existing(request, instance_ids))
-    if known:
+async def refuse_known(request: web.Request, instance_ids: list[str]) -> set[str]:
+    """The enrollment token may not register an instance that exists (a replay would mint a token),
+    unless the request's ``Idempotency-Key`` enrolled it: those are returned (the same answer again).
+    With ``enroll_declared_only``, an id no admin declared is refused (403)."""
+    book = request.app[TOKENS]
+    key = enrollment.parse_key(request.headers.get("Idempotency-Key"))
+    replays = set()
+    for instance_id in sorted(await _existing(request, instance_ids)):
+        if key is not None and await book.instance_of(enrollment.derive_token(key, instance_id)[1]) == instance_id:
+            replays.add(instance_id)
+            continue
         raise Conflict(
-            f"instance_id: {known[0]!r} is already registered; the enrollment token registers new instances only "
+            f"instance_id: {instance_id!r} is already registered by another agent; the enrollment token registers new "
+            "instances only, and the same Idempotency-Key gets the same answer "
             "(an admin re-issues its token: POST /api/v1/instances/{id}/token)"
         )
+    if request.app[SETTINGS].enroll_declared_only:
+        new = [i for i in instance_ids if i not in replays]
+        states = await _read(request, lambda cursor: enrollment.states(cursor, new))
+        undeclared = [i for i in new if not states.get(i, (False, False))[0]]
+        if undeclared:
+            raise Forbidden(f"instance_id: {undeclared[0]!r} was not declared; the enrollment token registers only the ids "
+                            "an admin declared (POST /api/v1/admin/instances)")
+    return replays
+
+
+async def refuse_identity_change(request: web.Request, instance_id: str, events: list[codec.Event]) -> None:
+    """An instance's own token may not move it to another machine or host: identity is fixed at
+    registration (409 naming the field; an admin may change it)."""
+    named = [(n, e) for n, e in enumerate(events) if e.kind == "registered" and any(e.body.get(f) is not None for f in enrollment.IDENTITY)]
+    if not named:
+        return
+    current = await _read(request, lambda cursor: enrollment.identity(cursor, instance_id))
+    for n, event in named:
+        for field in enrollment.IDENTITY:
+            value = event.body.get(field)
+            if value is None:
+                continue
+            if current.get(field) is None:
+                current[field] = value
+            elif current[field] != value:
+                raise Conflict(f"[{n}].{field}: instance {instance_id!r} is registered with {field} {current[field]}, not "
+                               f"{value}; identity is fixed at registration (an admin may change it)")
+
+
+@requires(ADMIN)
+async def post_admin_instances(request: web.Request) -> web.Response:
+    """The deployer declares the ids it created: ``{"instance_ids": [...]}``. Their enrollment by the
+    shared token is then vouched for (see ingest/enrollment.py)."""
+    settings = request.app[SETTINGS]
+    doc = await _json(request)
+    ids = doc.get("instance_ids") if isinstance(doc, dict) else None
+    if not isinstance(ids, list) or not ids:
+        raise BadRequest("instance_ids: expected a non-empty array of instance ids")
+    if len(ids) > settings.max_events_per_request:
+        raise PayloadTooLarge(f"instance_ids: {len(ids)} ids; at most max_events_per_request={settings.max_events_per_request}")
+    ids = sorted({codec.parse_id(v, f"instance_ids[{n}]") for n, v in enumerate(ids)})
+    book = request.app[TOKENS]
+    async with book.enrolling:
+        states = await _read(request, lambda cursor: enrollment.states(cursor, ids))
+        unvouched = [i for i in ids if i in states and not states[i][1]]
+        if unvouched:
+            raise Conflict(f"instance_ids: {unvouched[0]!r} was enrolled by the shared enrollment token before it was declared; "
+                           "whose agent that was cannot be told, so it is not vouched for (destroy it and create another)")
+        now = codec.now_us()
+        await request.app[WRITER].execute(lambda con: enrollment.declare(con, ids, now), kind="declare")
+    return json_response({"ok": True, "declared": ids})
 
 
 @requires(ADMIN)

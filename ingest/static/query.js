@@ -1,16 +1,23 @@
 // The Query view (#/query): the canned questions of queries/ with their parameters, and a free SQL
 // box. Everything runs through POST /api/v1/query (read-only, with the read token); the result is a
-// table, and "Download CSV" saves the same rows as CSV.
+// table, and "Download CSV" saves the same rows as CSV, made safe to open in a spreadsheet: a text
+// cell starting with = + - @, a tab or a carriage return (OWASP's CSV injection list) is prefixed with
+// ' so that it reads as text, not a formula (a stored line "=HYPERLINK(...)" must not run). Numbers
+// are left as they are. The API's own CSV (POST /api/v1/query?format=csv) stays exact, for programs.
 
 import { api } from "./api.js";
 import { clearError, h, replace, reportError } from "./dom.js";
 
 const FILLED = new Set(["now", "min_rate"]); // the server fills these in when not given
 
+const FORMULA_START = /^[=+\-@\t\r]/;
+const NUMBER = /^-?\d+(\.\d+)?([eE][+-]?\d+)?$/; // "-5" is a number, not a formula
+
 function csvCell(value) {
   if (value === null || value === undefined) return "";
-  const text = typeof value === "object" ? JSON.stringify(value) : String(value);
-  return /[",\n\r]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
+  let text = typeof value === "object" ? JSON.stringify(value) : String(value);
+  if (typeof value !== "number" && FORMULA_START.test(text) && !NUMBER.test(text)) text = `'${text}`;
+  return /[",;\n\r]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text; // ";": a separator in some locales
 }
 
 export function toCsv(columns, rows) {

@@ -3,7 +3,8 @@
 --   cuda_error are the machine's, excluded at once; any other class (network, param_fetch, timeout, hung,
 --   signal, unknown) only as the $exclude_repeats-th failure on that machine within $bad_host_ttl_s.
 --   One decision per machine and failure, with its current class; expires $bad_host_ttl_s after the
---   failure. An operator's verdict newer than the failure wins over it (see the hosts API).
+--   failure. An operator's verdict newer than the failure wins over it (see the hosts API). The failures
+--   of an instance the shared enrollment token enrolled undeclared (unvouched_instances) count for nothing.
 -- params: $bad_host_ttl_s (seconds), $exclude_repeats (failures)
 -- output: decisions (subject = machine_id, action = exclude_host)
 WITH counted AS (
@@ -12,6 +13,7 @@ WITH counted AS (
                           RANGE BETWEEN to_seconds($bad_host_ttl_s::DOUBLE) PRECEDING AND CURRENT ROW) AS failures_in_ttl
     FROM failures f
     WHERE f.machine_id IS NOT NULL
+      AND f.instance_id NOT IN (SELECT instance_id FROM unvouched_instances)  -- nobody the operator trusts stood behind it
 )
 SELECT c.machine_id::VARCHAR AS subject,
        'exclude_host' AS action,

@@ -2,12 +2,15 @@
 -- decides: destroy an instance whose latest step failed (instance_phase: a failed parameter fetch, a
 --   failed or hung benchmark) or whose latest benchmark ran below min_rate, but only once its evidence
 --   is safe: its logs are complete (instance_logs), or $destroy_grace_s seconds have passed since the
---   outcome was known. Killed instances are left alone. Re-checked right before it is carried out.
+--   outcome was known. Killed instances are left alone, and so are those the shared enrollment token
+--   enrolled undeclared (unvouched_instances: nobody the operator trusts stood behind them).
+--   Re-checked right before it is carried out.
 -- params: $destroy_grace_s (seconds), $now (timestamp)
 -- output: decisions (subject = instance_id, action = destroy)
 WITH doomed AS MATERIALIZED (
     SELECT * FROM instance_phase
     WHERE phase <> 'killed' AND outcome IN ('params_failed', 'failed', 'hung', 'below_min_rate')
+      AND instance_id NOT IN (SELECT instance_id FROM unvouched_instances)
       AND (logs_complete OR outcome_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP)
 ),
 streams AS (
