@@ -178,6 +178,10 @@ def _quote(value: str) -> str:
 
 
 def is_failed(row: dict) -> bool:
+    """What the destroy rule takes (the server's ``failing``: a failed fetch, a failed or hung run, a
+    run below min_rate), or a non-zero exit or a class from an older server that does not say."""
+    if "failing" in row:
+        return bool(row["failing"])
     return (row.get("exit_code") not in (None, 0)) or bool(row.get("failure_class"))
 
 

@@ -61,11 +61,16 @@ def _dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 INSTANCES_SQL = """
 SELECT i.instance_id, coalesce(s.state, 'unknown') AS state, s.state_since, i.machine_id, i.host_id,
        i.gpu_model, i.gpu_count, i.dph, i.location, i.first_seen, i.last_seen,
-       b.rate_per_hour, b.exit_code, b.failure_class, b.failure_line, p.outcome, p.failed_phase
+       CASE WHEN b.rate_measured THEN b.rate_per_hour END AS rate_per_hour,  -- 0 is no measurement (005)
+       CASE WHEN p.params_failed THEN p.params_exit_code::INTEGER ELSE b.exit_code END AS exit_code,
+       -- the failed phase's class and line (a failed fetch has no run), else the latest run's
+       coalesce(p.failure_class, b.failure_class) AS failure_class,
+       coalesce(p.failure_line, b.failure_line) AS failure_line, p.outcome, p.failed_phase,
+       p.outcome IN ('params_failed', 'failed', 'hung', 'below_min_rate') AS failing
 FROM instances i
 LEFT JOIN instance_state s USING (instance_id)
 LEFT JOIN (  -- the latest run, finished or not (bench_outcomes, migration 005)
-    SELECT instance_id, rate_per_hour, exit_code, failure_class, failure_line FROM bench_outcomes WHERE latest
+    SELECT instance_id, rate_per_hour, rate_measured, exit_code, failure_class, failure_line FROM bench_outcomes WHERE latest
 ) b USING (instance_id)
 LEFT JOIN instance_phase p USING (instance_id)  -- the latest step's outcome, and the phase it failed in
 {where}
