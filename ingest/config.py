@@ -102,6 +102,9 @@ class Settings:
     max_lines_per_request: int = _setting(50_000, "most log lines (or metric samples, OTLP records) in one request; 413 beyond", minimum=1)
     max_streams_per_request: int = _setting(1_000, "most log streams in one request; 413 beyond", minimum=1)
     max_events_per_request: int = _setting(1_000, "most lifecycle events in one request; 413 beyond", minimum=1)
+    max_streams_per_instance: int = _setting(
+        10_000, "most log streams (source, run_id) one instance may hold; a push that would open more is refused 413", minimum=1
+    )
     memory_budget_mb: int = _setting(
         512, "memory for bodies in flight, the writer queue, the tail cache and DuckDB together; 503 beyond", minimum=64
     )

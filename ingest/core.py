@@ -115,6 +115,7 @@ class Core:
             retry_after_s=settings.retry_after_s,
             db_path=None if settings.lake else settings.db,
             write_batch=_lake_write_batch(slots) if slots else None,
+            max_streams_per_instance=settings.max_streams_per_instance,
         )
         reader = Reader(
             con, index, tail, metrics,
