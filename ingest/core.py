@@ -121,6 +121,7 @@ class Core:
             con, index, tail, metrics,
             timeout_s=settings.query_timeout_s,
             query_max_concurrent=settings.query_max_concurrent,
+            search_max_concurrent=settings.search_max_concurrent,
             retry_after_s=settings.retry_after_s,
         )
         policy = PolicyEngine(
