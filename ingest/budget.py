@@ -8,11 +8,15 @@ moment its body is read until its reply (parse, the writer queue and the commit 
 that window, so the writer queue is bounded in bytes by the same charge). The charge is taken
 before reading: the declared length up front, then chunk by chunk as the (inflated) body arrives;
 when the share is spent the request gets 503 + Retry-After and nothing more of it is read.
+A SQL API answer is charged its bytes as it is rendered, until it is sent (``ResultCharge``).
 
 The interpreter's own baseline (modules, DuckDB's code, thread stacks) is not part of the budget.
 """
 
 from __future__ import annotations
+
+import asyncio
+import concurrent.futures
 
 from ingest.errors import Overloaded
 
@@ -59,6 +63,39 @@ class Charge:
         if need > 0:
             self._budget.take(need)
             self.held += need
+
+    def close(self) -> None:
+        self._budget.give_back(self.held)
+        self.held = 0
+
+
+class ResultCharge:
+    """A read's answer's share of the budget (a SQL API result), paid as the answer grows on a worker
+    thread: each ``cover`` takes the growth on the event loop, which owns the budget, and waits for
+    it (Overloaded when spent). ``close()``, on the event loop, returns it once the answer is sent."""
+
+    def __init__(self, budget: MemoryBudget, loop: asyncio.AbstractEventLoop) -> None:
+        self._budget = budget
+        self._loop = loop
+        self.held = 0
+
+    def cover(self, nbytes: int) -> None:
+        """Hold ``nbytes`` in all (called on a worker thread, never on the loop)."""
+        need = nbytes - self.held
+        if need <= 0:
+            return
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def take() -> None:
+            try:
+                self._budget.take(need)
+                self.held += need
+                done.set_result(None)
+            except Overloaded as e:
+                done.set_exception(e)
+
+        self._loop.call_soon_threadsafe(take)
+        done.result()
 
     def close(self) -> None:
         self._budget.give_back(self.held)

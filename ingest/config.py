@@ -96,12 +96,20 @@ class Settings:
     actuator_timeout_s: float = _setting(30.0, "an actuator call is abandoned after this long", minimum=0.01)
     actuator_retries: int = _setting(3, "attempts of an actuator call before its decision is marked failed", minimum=1)
     query_max_concurrent: int = _setting(2, "SQL API queries run at once (their own threads); beyond it 429 with Retry-After", minimum=1)
+    query_max_result_bytes: int = _setting(
+        32 * 2**20, "bytes a SQL API answer may take as rendered (JSON, CSV or Arrow); 413 beyond; held against memory_budget_mb "
+        "while it is built and sent", minimum=1024,
+    )
+    search_max_concurrent: int = _setting(2, "log searches run at once (their own threads); beyond it 429 with Retry-After", minimum=1)
     duckdb_memory_limit_mb: int = _setting(
         256, "DuckDB's memory_limit; bigger queries spill to a temp directory next to the database, or fail with 400", minimum=16
     )
     max_lines_per_request: int = _setting(50_000, "most log lines (or metric samples, OTLP records) in one request; 413 beyond", minimum=1)
     max_streams_per_request: int = _setting(1_000, "most log streams in one request; 413 beyond", minimum=1)
     max_events_per_request: int = _setting(1_000, "most lifecycle events in one request; 413 beyond", minimum=1)
+    max_streams_per_instance: int = _setting(
+        10_000, "most log streams (source, run_id) one instance may hold; a push that would open more is refused 413", minimum=1
+    )
     memory_budget_mb: int = _setting(
         512, "memory for bodies in flight, the writer queue, the tail cache and DuckDB together; 503 beyond", minimum=64
     )

@@ -115,11 +115,13 @@ class Core:
             retry_after_s=settings.retry_after_s,
             db_path=None if settings.lake else settings.db,
             write_batch=_lake_write_batch(slots) if slots else None,
+            max_streams_per_instance=settings.max_streams_per_instance,
         )
         reader = Reader(
             con, index, tail, metrics,
             timeout_s=settings.query_timeout_s,
             query_max_concurrent=settings.query_max_concurrent,
+            search_max_concurrent=settings.search_max_concurrent,
             retry_after_s=settings.retry_after_s,
         )
         policy = PolicyEngine(

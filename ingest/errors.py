@@ -17,7 +17,7 @@
         ├── Overloaded         503 with Retry-After: the writer queue is full
         │   └── StorageUnavailable  503: the database cannot write (disk full); it is being reopened
         ├── RateLimited        429 with Retry-After: an instance over instance_max_rows_per_s
-        └── TooManyQueries     429 with Retry-After: query_max_concurrent SQL queries already run
+        └── TooManyQueries     429 with Retry-After: a read's own pool is full (query_ or search_max_concurrent)
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ class Overloaded(RequestError):
 
 
 class TooManyQueries(RequestError):
-    """429 with Retry-After: ``query_max_concurrent`` SQL API queries already run."""
+    """429 with Retry-After: ``query_max_concurrent`` SQL API queries (or ``search_max_concurrent``
+    searches) already run."""
 
     status = 429
     reason = "too_many_queries"

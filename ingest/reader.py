@@ -2,11 +2,13 @@
 
 It owns the read cursors (each query takes its own from one idle connection and gives it back),
 their deadlines (``cursor.interrupt`` after ``query_timeout_s``), the tail-cache protocol, and
-admission: the page's and agents' reads run on their own threads, and user SQL (the SQL API) on a
-small pool of its own (``query_max_concurrent``; beyond it 429 with Retry-After), so a few slow SQL
-queries never starve the instance list. User SQL is checked and runs read-only, always rolled back
-(``ingest/reads.py``). ``close`` interrupts what still runs, waits for it, then closes; ``suspend``
-and ``resume`` do the same around a reopen of the database (see ``Core.recover``).
+admission: each kind of read has its own threads. The page's and agents' reads run on theirs; user
+SQL (the SQL API) on a small pool of its own (``query_max_concurrent``) and fleet-wide searches on
+another (``search_max_concurrent``); beyond either, 429 with Retry-After, so slow SQL queries or
+searches never starve the instance list. User SQL is checked and runs read-only, always rolled back
+(``ingest/reads.py``); its answer is rendered on its thread, bounded in bytes (``ingest/answers.py``).
+``close`` interrupts what still runs, waits for it, then closes; ``suspend`` and ``resume`` do the
+same around a reopen of the database (see ``Core.recover``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Callable
 
 import duckdb
 
-from ingest import reads, tailload
+from ingest import answers, reads, search, tailload
 from ingest.errors import StorageUnavailable, TooManyQueries
 from ingest.observe import IngestMetrics
 from ingest.streams import StreamIndex
@@ -28,6 +30,25 @@ from ingest.tailcache import TailCache
 
 READ_THREADS = 8  # the page's and agents' reads: small indexed queries
 FOLLOW_MAX_TAIL = 10_000
+
+
+class _Lane:
+    """A kind of read's own threads and admission: at most ``size`` at once, beyond it TooManyQueries.
+    ``running`` is touched only on the event loop."""
+
+    def __init__(self, size: int, setting: str, what: str, retry_after_s: int) -> None:
+        self.pool = ThreadPoolExecutor(size, thread_name_prefix=f"fleetlog-{what}")
+        self.size, self.setting, self.what, self.retry_after_s = size, setting, what, retry_after_s
+        self.running = 0
+
+    def admit(self) -> None:
+        if self.running >= self.size:
+            raise TooManyQueries(f"{self.running} {self.what} queries are running ({self.setting}); retry later",
+                                 retry_after_s=self.retry_after_s)
+        self.running += 1
+
+    def leave(self) -> None:
+        self.running -= 1
 
 
 class Reader:
@@ -40,6 +61,7 @@ class Reader:
         *,
         timeout_s: float,
         query_max_concurrent: int,
+        search_max_concurrent: int,
         retry_after_s: int,
     ) -> None:
         # DuckDB refuses ``con.cursor()`` while ``con`` is executing, so cursors come from an idle one
@@ -53,8 +75,8 @@ class Reader:
         self._cond = threading.Condition()
         self._active: set[duckdb.DuckDBPyConnection] = set()
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fleetlog-read")
-        self._sql_pool = ThreadPoolExecutor(query_max_concurrent, thread_name_prefix="fleetlog-sql")
-        self._sql_running = 0  # touched only on the event loop
+        self._sql = _Lane(query_max_concurrent, "query_max_concurrent", "sql", self.retry_after_s)
+        self._search = _Lane(search_max_concurrent, "search_max_concurrent", "search", self.retry_after_s)
         self.stopping = asyncio.Event()  # set at shutdown: follow=1 streams end
 
     # -- cursors ---------------------------------------------------------------------------------
@@ -104,7 +126,8 @@ class Reader:
     async def close(self) -> None:
         await asyncio.to_thread(self.suspend)
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._sql_pool.shutdown(wait=False, cancel_futures=True)
+        for lane in (self._sql, self._search):
+            lane.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- running ---------------------------------------------------------------------------------
     async def _run(self, api: str, fn: Callable, *args: Any, pool: ThreadPoolExecutor | None = None, **kwargs: Any) -> Any:
@@ -119,19 +142,25 @@ class Reader:
         """Run a blocking ``fn(*args)`` that reads (e.g. a /metrics scrape) on the read threads."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
-    async def sql(self, sql: str, params: dict[str, Any], max_rows: int, arrow: bool = False) -> Any:
-        """User SQL: (columns, rows, truncated), or (Arrow IPC bytes, truncated) with ``arrow``."""
-        if self._sql_running >= self.query_max_concurrent:
-            raise TooManyQueries(
-                f"{self._sql_running} SQL queries are running (query_max_concurrent); retry later",
-                retry_after_s=self.retry_after_s,
-            )
-        self._sql_running += 1
+    async def sql(self, sql: str, params: dict[str, Any], *, fmt: str, max_rows: int, max_bytes: int,
+                  cover: Callable[[int], None] = lambda n: None) -> answers.Answer:
+        """User SQL's answer in ``fmt`` (json, csv or arrow), at most ``max_rows`` rows and ``max_bytes``
+        bytes (413 beyond), ``cover`` paying for it as it grows (see ``answers.answer``)."""
+        self._sql.admit()
         try:
-            fn = reads.run_select_arrow if arrow else reads.run_select
-            return await self._run("sql", lambda con, timeout_s: fn(con, sql, timeout_s, max_rows, params), pool=self._sql_pool)
+            return await self._run("sql", lambda con, timeout_s: answers.answer(
+                con, sql, timeout_s, params=params, fmt=fmt, max_rows=max_rows, max_bytes=max_bytes, cover=cover,
+            ), pool=self._sql.pool)
         finally:
-            self._sql_running -= 1
+            self._sql.leave()
+
+    async def search(self, query: search.SearchQuery) -> tuple[list[dict[str, Any]], bool]:
+        """Fleet-wide search (``search.search``) on the search threads."""
+        self._search.admit()
+        try:
+            return await self._run("search", lambda con, timeout_s: search.search(con, timeout_s, query), pool=self._search.pool)
+        finally:
+            self._search.leave()
 
     # -- the API's reads -------------------------------------------------------------------------
     async def instances(self, state: str | None) -> list[dict[str, Any]]:

@@ -381,7 +381,7 @@ def _refused_as_query_error() -> Iterator[None]:
 
 
 @contextmanager
-def _user_sql(con, sql: str, timeout_s: float) -> Iterator[duckdb.DuckDBPyConnection]:
+def user_select(con, sql: str, timeout_s: float) -> Iterator[duckdb.DuckDBPyConnection]:
     """A cursor for one checked user SELECT, inside a read-only transaction that is rolled back."""
     with deadline_cursor(con, timeout_s) as cur, _refused_as_query_error():
         cur.execute("BEGIN TRANSACTION READ ONLY")
@@ -395,34 +395,12 @@ def _user_sql(con, sql: str, timeout_s: float) -> Iterator[duckdb.DuckDBPyConnec
                 pass
 
 
-def run_select_arrow(con, sql: str, timeout_s: float, max_rows: int, params: dict[str, Any] | None = None
-                     ) -> tuple[bytes, bool]:
-    """Run a checked SELECT; returns (an Arrow IPC stream of at most ``max_rows`` rows, truncated)."""
-    import pyarrow as pa
-
-    check_select(sql)  # refuse before taking a cursor
-    with _user_sql(con, sql, timeout_s) as cur:
-        reader = cur.sql(sql, params=params or None).to_arrow_reader(batch_size=min(max_rows + 1, 100_000))
-        batches, rows = [], 0
-        for batch in reader:
-            batches.append(batch)
-            rows += batch.num_rows
-            if rows > max_rows:
-                break
-        schema = reader.schema
-        reader.close()  # the transaction ends with a ROLLBACK, which needs the result closed
-    table = pa.Table.from_batches(batches, schema=schema).slice(0, max_rows)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes(), rows > max_rows
-
-
 def run_select(con, sql: str, timeout_s: float, max_rows: int, params: dict[str, Any] | None = None
                ) -> tuple[list[str], list[tuple], bool]:
-    """Run a checked SELECT; returns (columns, rows, truncated)."""
+    """Run a checked SELECT; returns (columns, rows, truncated): for ``fleetlog query`` on a local
+    file. The server's SQL API answers through ``ingest/answers.py``, bounded in bytes."""
     check_select(sql)
-    with _user_sql(con, sql, timeout_s) as cur:
+    with user_select(con, sql, timeout_s) as cur:
         cur.execute(sql, params or None)
         columns = [d[0] for d in cur.description]
         rows = cur.fetchmany(max_rows + 1)

@@ -4,7 +4,9 @@ A stream is (instance_id, source, run_id). Its stored seqs are kept as sorted, d
 ranges; an agent numbers lines 0, 1, 2, ... so a healthy stream is a single range. The index is
 rebuilt from the ``logs`` table at start-up and updated by the writer only
 after a commit, so it always describes committed rows. The writer is its only mutator; readers take
-snapshots under the lock.
+snapshots under the lock. Streams are held by key and by instance then source, so what the writer asks
+per line or per stream (stored? which source is new? how many streams has the instance?) is a dict
+lookup, never a scan of the instance's streams; the writer caps the streams of an instance.
 
 It also locates each stream's newest lines in the file. DuckDB keeps min/max per row group, exact for
 numbers but only the first 8 bytes of a string, and fleet ids share theirs ("C.330001" for C.33000100
@@ -199,11 +201,34 @@ class StreamSummary:
     gaps: list[tuple[int, int]]
 
 
+class _Source:
+    """The runs of one (instance, source): each run's ranges, the latest run, and the lines of all."""
+
+    __slots__ = ("runs", "latest", "lines")
+
+    def __init__(self) -> None:
+        self.runs: dict[str, SeqRanges] = {}
+        self.latest = ""  # the greatest run_id (runs are ordered by run_id)
+        self.lines = 0  # stored lines over every run
+
+
+class _Instance:
+    __slots__ = ("sources", "streams")
+
+    def __init__(self) -> None:
+        self.sources: dict[str, _Source] = {}
+        self.streams = 0  # (source, run_id) pairs stored
+
+
 class StreamIndex:
+    """Every lookup the writer makes per line or per stream is a dict lookup: by StreamKey for a
+    stream's ranges, by instance then source for its runs. Nothing on the write path iterates an
+    instance's streams, so a push costs the same whatever the instance already holds."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._streams: dict[StreamKey, SeqRanges] = {}
-        self._by_instance: dict[str, set[StreamKey]] = {}
+        self._by_instance: dict[str, _Instance] = {}
 
     def load(self, cursor) -> None:
         """Rebuild from the logs table (called before the writer starts)."""
@@ -213,23 +238,47 @@ class StreamIndex:
             ranges.below_seq, ranges.below_us, ranges.last_us = hi, first_us, last_us
             ranges.coarse = (hi, first_us)
             if hi - lo + 1 == n:
-                ranges.add_range(lo, hi)
+                self._add_range((instance_id, source, run_id), lo, hi)
             else:
                 holed.append({"i": instance_id, "s": source, "r": run_id})
         if holed:
             for instance_id, source, run_id, lo, hi in cursor.execute(ISLANDS_SQL, {"keys": holed}).fetchall():
-                self._ranges((instance_id, source, run_id)).add_range(lo, hi)
+                self._add_range((instance_id, source, run_id), lo, hi)
 
     def _ranges(self, key: StreamKey) -> SeqRanges:
         ranges = self._streams.get(key)
         if ranges is None:
-            ranges = self._streams[key] = SeqRanges()
-            self._by_instance.setdefault(key[0], set()).add(key)
+            instance_id, source, run_id = key
+            instance = self._by_instance.get(instance_id)
+            if instance is None:
+                instance = self._by_instance[instance_id] = _Instance()
+            src = instance.sources.get(source)
+            if src is None:
+                src = instance.sources[source] = _Source()
+            ranges = self._streams[key] = src.runs[run_id] = SeqRanges()
+            src.latest = max(src.latest, run_id) if len(src.runs) > 1 else run_id
+            instance.streams += 1
         return ranges
+
+    def _add_range(self, key: StreamKey, lo: int, hi: int) -> None:
+        self._ranges(key).add_range(lo, hi)
+        self._by_instance[key[0]].sources[key[1]].lines += hi - lo + 1
+
+    def _source(self, instance_id: str, source: str) -> _Source | None:
+        instance = self._by_instance.get(instance_id)
+        return None if instance is None else instance.sources.get(source)
 
     def has_source(self, instance_id: str, source: str) -> bool:
         """Whether any run of (instance_id, source) has stored lines."""
-        return any(k[1] == source for k in self._by_instance.get(instance_id, ()))
+        return self._source(instance_id, source) is not None
+
+    def has_stream(self, key: StreamKey) -> bool:
+        return key in self._streams
+
+    def streams_of(self, instance_id: str) -> int:
+        """How many streams (source, run_id) of the instance are stored."""
+        instance = self._by_instance.get(instance_id)
+        return 0 if instance is None else instance.streams
 
     def next_seq(self, key: StreamKey) -> int:
         """The seq after the last stored one (for senders that do not number their lines)."""
@@ -251,6 +300,7 @@ class StreamIndex:
             ranges = self._ranges(key)
             for lo, hi in runs_of(sorted_seqs):
                 ranges.add_range(lo, hi)
+            self._by_instance[key[0]].sources[key[1]].lines += len(sorted_seqs)
             if sorted_seqs:
                 ranges.mark(sorted_seqs[0], sorted_seqs[-1], received_us)
 
@@ -276,14 +326,14 @@ class StreamIndex:
             return None if floor is None else (floor[0][2], floor[1], floor[2])
 
     def _floor(self, instance_id: str, source: str, n: int) -> tuple[StreamKey, int, bool] | None:
-        runs = [k for k in self._by_instance.get(instance_id, ()) if k[1] == source]
-        if not runs:
+        src = self._source(instance_id, source)
+        if src is None:
             return None
-        key = max(runs, key=lambda k: k[2])
-        ranges = self._streams[key]
-        complete = sum(self._streams[k].count for k in runs) <= n
+        key = (instance_id, source, src.latest)
+        ranges = src.runs[src.latest]
+        complete = src.lines <= n
         if ranges.count < n:
-            return (key, ranges.los[0], True) if len(runs) == 1 and ranges.los else None
+            return (key, ranges.los[0], True) if len(src.runs) == 1 and ranges.los else None
         left = n
         for lo, hi in zip(reversed(ranges.los), reversed(ranges.his)):
             if hi - lo + 1 >= left:
@@ -297,8 +347,8 @@ class StreamIndex:
         many streams it narrowed. Lines committed meanwhile carry their own marks."""
         with self._lock:
             floors = {}
-            for instance_id, keys in self._by_instance.items():
-                for source in {k[1] for k in keys}:
+            for instance_id, instance in self._by_instance.items():
+                for source in instance.sources:
                     floor = self._floor(instance_id, source, n)
                     if floor is not None and self._streams[floor[0]].coarse is not None:
                         floors[floor[0]] = (self._streams[floor[0]], floor[1])
@@ -322,29 +372,41 @@ class StreamIndex:
 
     def summaries(self, instance_id: str) -> list[StreamSummary]:
         with self._lock:
-            keys = sorted(self._by_instance.get(instance_id, ()))
+            instance = self._by_instance.get(instance_id)
+            if instance is None:
+                return []
             return [
-                StreamSummary(k[1], k[2], r.count, r.last, r.gaps())
-                for k in keys
-                for r in (self._streams[k],)
+                StreamSummary(source, run_id, r.count, r.last, r.gaps())
+                for source, src in sorted(instance.sources.items())
+                for run_id, r in sorted(src.runs.items())
             ]
 
     def forget(self, instance_id: str) -> None:
         """The instance's logs were deleted (retention)."""
         with self._lock:
-            for key in self._by_instance.pop(instance_id, ()):
-                del self._streams[key]
+            self._drop(instance_id)
+
+    def _drop(self, instance_id: str) -> None:
+        instance = self._by_instance.pop(instance_id, None)
+        if instance is not None:
+            for source, src in instance.sources.items():
+                for run_id in src.runs:
+                    del self._streams[(instance_id, source, run_id)]
 
     def adopt(self, other: "StreamIndex", instance_ids: set[str]) -> None:
         """Replace what is known of ``instance_ids`` by ``other``'s (lake mode: a slot taken over
-        from another node, its ranges read from the lake)."""
+        from another node, its ranges read from the lake). ``other`` is handed over: its entries are
+        taken, not copied, so it is not used afterwards."""
         with self._lock:
             for instance_id in instance_ids:
-                for key in self._by_instance.pop(instance_id, ()):
-                    del self._streams[key]
-                for key in other._by_instance.get(instance_id, ()):
-                    self._streams[key] = other._streams[key]
-                    self._by_instance.setdefault(instance_id, set()).add(key)
+                self._drop(instance_id)
+                instance = other._by_instance.get(instance_id)
+                if instance is None:
+                    continue
+                self._by_instance[instance_id] = instance
+                for source, src in instance.sources.items():
+                    for run_id, ranges in src.runs.items():
+                        self._streams[(instance_id, source, run_id)] = ranges
 
     def instances(self) -> list[str]:
         with self._lock:

@@ -14,6 +14,11 @@ asks ``reopen`` to close and reopen the database every ``retry_after_s`` until i
 acknowledged is lost, since only committed rows were ever acknowledged and the in-memory indexes are
 rebuilt from the reopened file. Actions with ``after_commit`` commit alone, and their
 ``after_commit`` runs on this thread right after, before any other request is staged.
+
+Staging costs a few dict lookups per stream whatever the instance holds already (ingest/streams.py).
+A request that would take an instance past ``max_streams_per_instance`` streams, counting those
+stored and those opened by the requests staged before it in the group, is refused whole (413) and
+stages nothing: here, where the commits are serial, so concurrent pushes cannot overshoot the cap.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import pyarrow as pa
 
 from ingest import store
 from ingest.codec import Event, LogChunk, MetricRows, now_us
-from ingest.errors import Overloaded, StorageUnavailable, StoreError
+from ingest.errors import Overloaded, PayloadTooLarge, StorageUnavailable, StoreError
 from ingest.observe import IngestMetrics
 from ingest.streams import StreamIndex, StreamKey
 from ingest.tailcache import TailCache, TailKey, TailRow
@@ -83,6 +88,8 @@ class _Staged:
     actions: list[Action] = field(default_factory=list)
     action_owner: list[int] = field(default_factory=list)  # per action: index of its request
     event_owner: list[int] = field(default_factory=list)  # per staged event: index of its request
+    new_streams: dict[str, set[StreamKey]] = field(default_factory=dict)  # per instance: streams this batch opens
+    refused: dict[int, PayloadTooLarge] = field(default_factory=dict)  # requests refused whole (nothing staged)
 
 
 class Writer:
@@ -100,7 +107,9 @@ class Writer:
         reopen: Callable[[], duckdb.DuckDBPyConnection] | None = None,
         db_path: str | None = None,
         write_batch: Callable[..., tuple[list[bool], list[Any]]] | None = None,  # lake mode: ingest.lake's
+        max_streams_per_instance: int | None = None,  # None: no cap
     ) -> None:
+        self._max_streams_per_instance = max_streams_per_instance
         self._con = con
         self._write_batch = write_batch
         self._reopen = reopen
@@ -270,6 +279,8 @@ class Writer:
 
     def _commit_group(self, batch: list[_Request]) -> None:
         staged = self._stage(batch)
+        for r, error in staged.refused.items():
+            _resolve(batch[r], error=error)
         started = time.perf_counter()
         received_us = now_us()
         instances = self._instances_to_touch(staged.instances, received_us)
@@ -297,8 +308,9 @@ class Writer:
                 return
             if len(batch) > 1:
                 logger.warning("group commit of %d requests failed (%s); retrying one by one", len(batch), e)
-                for request in batch:
-                    self._commit_group([request])
+                for r, request in enumerate(batch):
+                    if r not in staged.refused:
+                        self._commit_group([request])
                 return
             logger.error("commit failed: %s", e)
             _resolve(batch[0], error=e)
@@ -318,7 +330,9 @@ class Writer:
         results: list[list[Any]] = [[] for _ in batch]
         for owner, value in zip(staged.action_owner, action_results):
             results[owner].append(value)
-        for request, (accepted, duplicates), own in zip(batch, staged.counts, results):
+        for r, (request, (accepted, duplicates), own) in enumerate(zip(batch, staged.counts, results)):
+            if r in staged.refused:
+                continue
             self._metrics.accepted.labels(kind=request.kind).inc(accepted)
             if duplicates:
                 self._metrics.duplicates.labels(kind=request.kind).inc(duplicates)
@@ -334,6 +348,10 @@ class Writer:
         for r, request in enumerate(batch):
             counts = [0, 0]
             staged.counts.append(counts)
+            refusal = self._over_stream_cap(request, staged.new_streams)
+            if refusal is not None:
+                staged.refused[r] = refusal
+                continue
             for chunk in request.logs:
                 n = len(chunk.lines)
                 if n == 0:
@@ -401,6 +419,28 @@ class Writer:
                     staged.instances.setdefault(instance_id, 0)
                 counts[0] += len(m)
         return staged
+
+    def _over_stream_cap(self, request: _Request, opened: dict[str, set[StreamKey]]) -> PayloadTooLarge | None:
+        """The refusal of a request that would take an instance past ``max_streams_per_instance``
+        streams (those stored, those this batch opens so far, and its own new ones); else None, and
+        its new streams join ``opened``. One dict lookup per chunk."""
+        cap = self._max_streams_per_instance
+        if cap is None:
+            return None
+        mine: dict[str, set[StreamKey]] = {}
+        for chunk in request.logs:
+            key = (chunk.instance_id, chunk.source, chunk.run_id)
+            if chunk.lines and not self._index.has_stream(key) and key not in opened.get(chunk.instance_id, ()):
+                mine.setdefault(chunk.instance_id, set()).add(key)
+        for instance_id, keys in mine.items():
+            held = self._index.streams_of(instance_id) + len(opened.get(instance_id, ()))
+            if held + len(keys) > cap:
+                return PayloadTooLarge(
+                    f"instance {instance_id}: {held} log streams (source, run_id) held and {len(keys)} new in this request "
+                    f"is over the cap of {cap} streams per instance (max_streams_per_instance)")
+        for instance_id, keys in mine.items():
+            opened.setdefault(instance_id, set()).update(keys)
+        return None
 
     def _instances_to_touch(self, seen: dict[str, int], received_us: int) -> dict[str, int]:
         """The instances whose row this commit inserts or whose last_seen it moves: those this thread

@@ -68,7 +68,7 @@ async def test_sql_beyond_the_pool_is_429_and_page_reads_do_not_wait(make_client
     slow = "SELECT count(*) FROM range(3000000000) a"  # interrupted at the end of the test
     tasks = [asyncio.create_task(client.post("/api/v1/query", data=orjson.dumps({"sql": slow}))) for _ in range(2)]
     deadline = time.monotonic() + 30
-    while client.app[DB]._sql_running < 2:
+    while client.app[DB]._sql.running < 2:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
     r = await client.post("/api/v1/query", data=orjson.dumps({"sql": "SELECT 1"}))

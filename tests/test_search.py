@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import threading
+import time
 
 import pytest
+
+from ingest import search as search_module
 
 from tests.fleet import OOM_DAEMON_LOG, incident, iso, push_lines, utcnow
 
@@ -99,3 +104,36 @@ async def test_search_across_the_window_parts_keeps_newest_first_and_the_limit(f
     assert [h["instance_id"] for h in doc["hits"]] == ["C.h0", "C.h3"] and doc["truncated"]
     doc = await search(fleet, q="fallen off the bus", limit="3")
     assert [h["instance_id"] for h in doc["hits"]] == ["C.h0", "C.h3", "C.h12"] and doc["truncated"]
+
+
+async def test_instances_answer_while_slow_searches_hold_their_threads(fleet, monkeypatch):
+    """12 searches that do not finish (a search for absent text over a big window, made to block
+    here) must not take the threads the page's reads run on: /api/v1/instances answers meanwhile."""
+    release, entered, lock = threading.Event(), [0], threading.Lock()
+    real = search_module.search
+
+    def slow_search(con, timeout_s, query):
+        with lock:
+            entered[0] += 1
+        release.wait(60)
+        return real(con, timeout_s, query)
+
+    monkeypatch.setattr(search_module, "search", slow_search)
+    searches = [asyncio.ensure_future(fleet.get("/api/v1/search", params={"q": "absent text"}, headers=fleet.read))
+                for _ in range(12)]
+    try:
+        deadline = time.monotonic() + 30
+        while entered[0] < 2 and time.monotonic() < deadline:  # the first searches hold their threads
+            await asyncio.sleep(0.01)
+        assert entered[0] >= 2
+        async with asyncio.timeout(10):  # generous: unblocked, it answers in milliseconds
+            r = await fleet.get("/api/v1/instances", headers=fleet.read)
+        assert r.status == 200 and (await r.json())
+    finally:
+        release.set()
+        answers = await asyncio.gather(*searches)
+    statuses = [r.status for r in answers]
+    assert set(statuses) <= {200, 429} and 200 in statuses, statuses
+    for r in answers:
+        if r.status == 429:  # beyond the search pool: refused at once, with when to retry
+            assert "search_max_concurrent" in (await r.json())["error"] and r.headers["Retry-After"]

@@ -111,3 +111,57 @@ def test_tail_floor_bounds_exactly_the_newest_lines_of_the_stream(runs, n):
         assert [(r, s) for r, s in stored if r == floor[0] and s >= floor[1]] == newest
         assert floor[2] == (len(stored) <= n)  # another source of the instance does not count
     assert index.tail_floor("C.2", "benchout", n) is None
+
+
+@given(st.lists(st.one_of(
+    st.tuples(st.just("commit"), st.sampled_from(["C.1", "C.2", "C.3"]), st.sampled_from(["a", "b"]),
+              st.sampled_from(["0", "1", "10"]), st.sets(st.integers(0, 30), min_size=1, max_size=5)),
+    st.tuples(st.just("forget"), st.sampled_from(["C.1", "C.2", "C.3"])),
+    st.tuples(st.just("adopt"), st.sets(st.sampled_from(["C.1", "C.2", "C.3"]))),
+), max_size=30))
+@settings(max_examples=150, deadline=None)
+def test_index_per_instance_bookkeeping_matches_a_model_through_forget_and_adopt(steps):
+    """The per-instance and per-source bookkeeping (stream counts, sources, latest run, line totals)
+    stays exact through commits, retention's forget and lake mode's adopt."""
+    index = StreamIndex()
+    model: dict[tuple[str, str, str], set[int]] = {}
+    other_model = {("C.2", "a", "5"): {0, 1}, ("C.3", "b", "0"): {3}}
+    for step in steps:
+        if step[0] == "commit":
+            _, instance_id, source, run_id, seqs = step
+            key = (instance_id, source, run_id)
+            new = sorted(seqs - model.get(key, set()))
+            if new:
+                index.commit(key, new)
+                model.setdefault(key, set()).update(new)
+        elif step[0] == "forget":
+            index.forget(step[1])
+            model = {k: v for k, v in model.items() if k[0] != step[1]}
+        else:
+            other = StreamIndex()  # as lake mode does: a fresh index read from the lake, handed over
+            for key, seqs in other_model.items():
+                other.commit(key, sorted(seqs))
+            index.adopt(other, step[1])
+            model = {k: v for k, v in model.items() if k[0] not in step[1]}
+            model.update({k: set(v) for k, v in other_model.items() if k[0] in step[1]})
+    assert index.stream_count() == len(model)
+    assert sorted(index.instances()) == sorted({k[0] for k in model})
+    for instance_id in ("C.1", "C.2", "C.3"):
+        mine = {k: v for k, v in model.items() if k[0] == instance_id}
+        assert index.streams_of(instance_id) == len(mine)
+        assert [(s.source, s.run_id, s.lines) for s in index.summaries(instance_id)] == \
+            sorted((k[1], k[2], len(v)) for k, v in mine.items())
+        for source in ("a", "b"):
+            runs = {k[2]: v for k, v in mine.items() if k[1] == source}
+            assert index.has_source(instance_id, source) == bool(runs)
+            floor = index.tail_floor(instance_id, source, 1000)
+            if runs:
+                latest = max(runs)
+                assert floor is not None and floor[0] == latest or len(runs) > 1
+                stored = sorted((r, s) for r, v in runs.items() for s in v)
+                n = len(runs[latest])
+                floor = index.tail_floor(instance_id, source, n)
+                assert floor is not None and floor[0] == latest
+                assert floor[2] == (len(stored) <= n)
+            else:
+                assert floor is None

@@ -1,25 +1,27 @@
 """``POST /api/v1/query``: one read-only SELECT → columns and rows (JSON, CSV or an Arrow IPC stream).
 
-The Reader checks the SQL and runs it read-only, always rolled back (``ingest/reads.py``)."""
+The Reader checks the SQL and runs it read-only, always rolled back (``ingest/reads.py``), and renders
+its answer on its own thread, at most ``query_max_rows`` rows and ``query_max_result_bytes`` bytes
+(413 beyond, ``ingest/answers.py``). The answer is held against the memory budget until it is sent."""
 
 from __future__ import annotations
 
-import csv
-import io
+import asyncio
 
 from aiohttp import web
 
 from ingest import codec
+from ingest.budget import ResultCharge
 from ingest.errors import BadRequest
-from ingest.handlers.http import json_response, read_body
-from ingest.keys import DB, SETTINGS
+from ingest.handlers.http import read_body
+from ingest.keys import BUDGET, DB, SETTINGS
 from ingest import queryfiles
 from ingest.policy import utcnow
 
 MAX_QUERY_BODY_BYTES = 1024 * 1024
 
 
-async def post_query(request: web.Request) -> web.Response:
+async def post_query(request: web.Request) -> web.StreamResponse:
     fmt = request.query.get("format", "json")
     if fmt not in ("json", "csv", "arrow"):
         raise BadRequest(f"format: expected json, csv or arrow, got {fmt[:20]!r}")
@@ -32,16 +34,19 @@ async def post_query(request: web.Request) -> web.Response:
         raise BadRequest("params: expected an object of names to strings or numbers")
     settings = request.app[SETTINGS]
     params = queryfiles.bind(sql, given, {"now": utcnow(), "min_rate": settings.min_rate})
-    if fmt == "arrow":
-        body, truncated = await request.app[DB].sql(sql, params, settings.query_max_rows, arrow=True)
-        headers = {"X-Fleetlog-Truncated": "1"} if truncated else None
-        return web.Response(body=body, content_type="application/vnd.apache.arrow.stream", headers=headers)
-    columns, rows, truncated = await request.app[DB].sql(sql, params, settings.query_max_rows)
-    headers = {"X-Fleetlog-Truncated": "1"} if truncated else None
-    if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out)
-        writer.writerow(columns)
-        writer.writerows([["true" if v is True else "false" if v is False else v for v in row] for row in rows])
-        return web.Response(text=out.getvalue(), content_type="text/csv", headers=headers)
-    return json_response({"columns": columns, "rows": rows, "truncated": truncated}, headers=headers)
+    charge = ResultCharge(request.app[BUDGET], asyncio.get_running_loop())
+    try:
+        answer = await request.app[DB].sql(sql, params, fmt=fmt, max_rows=settings.query_max_rows,
+                                           max_bytes=settings.query_max_result_bytes, cover=charge.cover)
+        response = web.StreamResponse(headers={"X-Fleetlog-Truncated": "1"} if answer.truncated else None)
+        response.content_type = answer.content_type
+        if fmt == "csv":
+            response.charset = "utf-8"
+        response.content_length = answer.size
+        await response.prepare(request)
+        for part in answer.parts:
+            await response.write(part)
+        await response.write_eof()
+        return response
+    finally:
+        charge.close()
