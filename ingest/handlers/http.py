@@ -4,7 +4,8 @@ A body is read under the request's ``BodyRules``: its share of the memory budget
 bytes that arrived, and to ``EXPANSION`` times the body once it is whole (503 + Retry-After when
 spent; ingest/budget.py), the whole body must arrive within ``http_body_timeout_s`` (408), and a
 client that goes away mid-body is counted (``fleetlog_http_client_disconnects_total``), not logged
-as an error.
+as an error. A request answered before its body was read to the end (401, 413, 503, ...) closes its
+connection, and the rest of its body is neither parsed nor inflated (``close_after_unread_body``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
@@ -88,6 +89,20 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     if charge is not None:
         charge.cover(size)  # what parsing it will hold: its rows cost more than its bytes
     return b"".join(chunks)
+
+
+async def close_after_unread_body(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: an answer given before the request's body was read to the end
+    (401, 413, 503, ...) closes the connection, and aiohttp stops parsing what else arrives.
+
+    Otherwise aiohttp's lingering close reads the rest for up to 10 s before closing, inflating it
+    as it goes: a 1 MB gzip of 1 GiB of zeros, refused 401 at once, held the event loop for
+    seconds. Closed, the handler drops the bytes that still arrive unparsed while it lingers (so the
+    client can finish sending and read its answer instead of a reset), then closes."""
+    if not request.content.is_eof():
+        response.force_close()
+        response.headers[hdrs.CONNECTION] = "close"  # the hook runs after the headers were prepared
+        request.protocol.close()  # aiohttp's RequestHandler: data_received drops what arrives from now on
 
 
 def build_body_middleware(budget: MemoryBudget, body_timeout_s: float):
