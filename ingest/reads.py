@@ -104,6 +104,22 @@ def instance_detail(con, timeout_s: float, instance_id: str) -> dict[str, Any] |
         return detail
 
 
+EVENTS_SQL = """
+SELECT instance_id, kind, epoch_us(ts) AS ts_us, ts, received_at, body::VARCHAR AS body FROM events
+WHERE instance_id = ? {kind}
+ORDER BY ts, kind LIMIT ?
+"""
+
+
+def list_events(con, timeout_s: float, instance_id: str, kind: str | None, limit: int) -> list[dict[str, Any]]:
+    """An instance's stored events, oldest first, each with its key (``ts_us``) and its body as the
+    stored JSON text (not parsed: the admin's view of rows that may be what broke something)."""
+    params: list[Any] = [instance_id] + ([kind] if kind else []) + [limit]
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(EVENTS_SQL.format(kind="AND kind = ?" if kind else ""), params)
+        return _dicts(cur)
+
+
 TAIL_SQL = """
 SELECT source, run_id, seq, ts, line FROM logs
 WHERE instance_id = ? {filters}

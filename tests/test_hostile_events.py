@@ -122,6 +122,40 @@ async def test_hostile_rows_already_stored_do_not_break_views_or_rules(aiohttp_c
     await assert_rules_still_answer(client)
 
 
+async def test_admin_sees_and_removes_a_bad_event(aiohttp_client, policy_settings):
+    store_hostile_rows(policy_settings.db)
+    client = await aiohttp_client(create_app(replace(policy_settings, enroll_token=ENROLL, read_token=READ,
+                                                     admin_token=ADMIN)))
+    r = await client.post("/api/v1/events", headers=bearer(ENROLL), data=orjson.dumps(
+        {"instance_id": "C.other", "kind": "registered", "ts": T0, "machine_id": 1}))
+    instance_token = (await r.json())["tokens"]["C.other"]
+    path = f"/api/v1/admin/events?instance_id={EVIL}&kind=logs_complete"
+    assert (await client.get(path)).status == 401
+    for token in (READ, instance_token, ENROLL):
+        assert (await client.get(path, headers=bearer(token))).status == 403
+    r = await client.get(path, headers=bearer(ADMIN))
+    assert r.status == 200, await r.text()
+    events = (await r.json())["events"]
+    assert len(events) == 5 and all(e["instance_id"] == EVIL and e["kind"] == "logs_complete" for e in events)
+    bad = events[0]
+    assert 'nvidia\\"smi' in bad["body"]  # the stored JSON text, as stored
+    target = f"/api/v1/admin/events?instance_id={EVIL}&kind=logs_complete&ts_us={bad['ts_us']}"
+    assert (await client.delete(target)).status == 401
+    for token in (READ, instance_token, ENROLL):
+        assert (await client.delete(target, headers=bearer(token))).status == 403
+    assert rows(client, "SELECT count(*) FROM events WHERE instance_id = ? AND kind = 'logs_complete'", [EVIL]) == [(5,)]
+    r = await client.delete(target, headers=bearer(ADMIN))
+    assert r.status == 200 and (await r.json()) == {"ok": True, "deleted": 1}, await r.text()
+    r = await client.delete(target, headers=bearer(ADMIN))
+    assert r.status == 404
+    left = (await (await client.get(path, headers=bearer(ADMIN))).json())["events"]
+    assert bad["ts_us"] not in {e["ts_us"] for e in left} and len(left) == 4
+    r = await client.get("/api/v1/admin/events", headers=bearer(ADMIN))
+    assert r.status == 400 and "instance_id" in (await r.json())["error"]
+    r = await client.delete(f"/api/v1/admin/events?instance_id={EVIL}&kind=logs_complete&ts_us=x", headers=bearer(ADMIN))
+    assert r.status == 400 and "ts_us" in (await r.json())["error"]
+
+
 def nested_object(depth: int) -> bytes:
     """``{"a": {"a": ... "bottom"}}``, ``depth`` objects deep (built as text: orjson itself refuses to
     write more than 254 levels)."""
