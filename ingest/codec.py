@@ -456,21 +456,28 @@ def _check_counts(counts: dict, where: str, *, minimum: int) -> None:
 
 
 def _check_depth(item: dict, prefix: str) -> None:
-    """Each field of an event nests at most MAX_EVENT_DEPTH - 1 objects or arrays (the event is one);
-    walked without recursion, stopping at the first too deep."""
+    """Each field of an event nests at most MAX_EVENT_DEPTH - 1 objects or arrays (the event is one)."""
     for name, value in item.items():
-        stack = [(value, 2)]
-        while stack:
-            value, depth = stack.pop()
-            if type(value) is dict:
-                children = value.values()
-            elif type(value) is list:
-                children = value
-            else:
-                continue
-            if depth > MAX_EVENT_DEPTH:
-                raise BadRequest(f"{prefix}{name}: nested deeper than {MAX_EVENT_DEPTH} levels (objects and arrays)")
-            stack.extend((child, depth + 1) for child in children)
+        if nests_deeper(value, MAX_EVENT_DEPTH - 1):
+            raise BadRequest(f"{prefix}{name}: nested deeper than {MAX_EVENT_DEPTH} levels (objects and arrays)")
+
+
+def nests_deeper(value: Any, levels: int) -> bool:
+    """Whether ``value`` holds more than ``levels`` objects or arrays inside one another; walked
+    without recursion, stopping at the first too deep."""
+    stack = [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if type(value) is dict:
+            children = value.values()
+        elif type(value) is list:
+            children = value
+        else:
+            continue
+        if depth > levels:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def parse_metrics(doc: Any, received_us: int, caps: Caps = Caps()) -> MetricRows:

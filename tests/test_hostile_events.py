@@ -5,14 +5,17 @@ event without opening the database."""
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from dataclasses import replace
 
 import orjson
+import psycopg
 import pytest
 
 from ingest import store
 from ingest.app import create_app
 from tests.fleet import get, incident, iso, rows, run_policies, utcnow
+from tests.lake_pg import postgres  # noqa: F401 (a fixture)
 
 ENROLL, READ, ADMIN = "enroll-5e1f", "read-77ab", "admin-90cd"
 OOM = "C.32733029"  # tests.fleet.incident: failed with an OOM, logs complete: its destroy is due
@@ -198,3 +201,38 @@ async def test_hostile_event_is_refused_with_an_instance_token(aiohttp_client, p
     assert r.status == 400, await r.text()
     r = await client.get("/api/v1/instances", headers=bearer(READ))
     assert r.status == 200, await r.text()
+
+
+async def test_deep_event_stored_by_an_older_server_still_renders(make_client, settings):
+    """An older server stored bodies up to 254 levels deep (what orjson writes); the instance's page
+    data gives such a body as its stored text rather than failing to render (500)."""
+    con = store.open_database(settings.db)
+    try:
+        con.execute("INSERT INTO instances (instance_id, first_seen, last_seen) VALUES (?, now(), now())", [EVIL])
+        con.execute("INSERT INTO events VALUES (?, 'running', now(), now(), ?)",
+                    [EVIL, '{"kind": "running", "extra": ' + nested_object(252).decode() + "}"])
+    finally:
+        con.close()
+    client = await make_client()
+    detail = await get(client, f"/api/v1/instances/{EVIL}")
+    assert detail["events"][0]["body"].startswith('{"kind": "running", "extra": {"a": {"a": ')
+    assert (await client.get("/api/v1/instances")).status == 200
+
+
+@pytest.mark.lake
+async def test_lake_views_read_hostile_rows_and_admin_deletes_one(make_client, postgres, tmp_path):
+    """Lake mode re-creates the views from the migrations at each start (010 included), and the
+    admin's delete goes to PostgreSQL's events table."""
+    dsn = postgres.createdb("t" + uuid.uuid4().hex[:12])
+    client = await make_client(lake=dsn, lake_data=str(tmp_path / "lake"), lake_lease_s=3.0, policy_interval_s=0)
+    with psycopg.connect(dsn.removeprefix("postgres:"), autocommit=True) as pg:
+        pg.execute("INSERT INTO events VALUES (%s, 'logs_complete', '2026-11-29 11:00:00', now(), %s)",
+                   [EVIL, r'{"sources": {"nvidia\"smi": 1, "big": 9223372036854775808}, "dropped": {"c:\\logs\\": 1}}'])
+    streams = dict(rows(client, "SELECT source, declared_last_seq FROM log_streams WHERE instance_id = ?", [EVIL]))
+    assert streams == {'nvidia"smi': 1, "big": None, "c:\\logs\\": None}
+    assert (await client.get("/api/v1/instances")).status == 200
+    events = (await get(client, f"/api/v1/admin/events?instance_id={EVIL}"))["events"]
+    assert [e["kind"] for e in events] == ["logs_complete"]
+    r = await client.delete(f"/api/v1/admin/events?instance_id={EVIL}&kind=logs_complete&ts_us={events[0]['ts_us']}")
+    assert r.status == 200 and (await r.json())["deleted"] == 1, await r.text()
+    assert rows(client, "SELECT count(*) FROM log_streams WHERE instance_id = ?", [EVIL]) == [(0,)]
