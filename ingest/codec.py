@@ -200,12 +200,6 @@ def parse_ts(value: Any, where: str, default_us: int) -> int:
     raise BadRequest(f"{where}: expected epoch seconds or an ISO-8601 string, got {_kind(value)}")
 
 
-def _int(value: Any, where: str, *, minimum: int | None = 0) -> int:
-    if type(value) is not int or (minimum is not None and value < minimum):
-        raise BadRequest(f"{where}: expected an integer >= {minimum}, got {value!r}"[:200])
-    return value
-
-
 def _refuse_repeated_seqs(seqs: list[int], prefix: str) -> None:
     """A seq twice in one request is the sender's bug: refuse it, naming the second one."""
     if len(set(seqs)) == len(seqs):
