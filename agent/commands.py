@@ -247,11 +247,11 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
         dropped = {s: n for s, n in rec.state.dropped.items() if n}
         if dropped:
             done["dropped_lines"] = dropped
-        rec.event("bench_done", **done)
+        rec.event("bench_done", of_run=True, **done)
     if "logs_complete" not in reported:
         rec.logs_complete([source] + [t[0] for t in run.get("tails", [])])
     if run.get("done_event") and exit_code == 0 and run["done_event"] not in reported:
-        rec.event(run["done_event"], exit_code=0, duration_s=round(command.duration_s, 3))
+        rec.event(run["done_event"], of_run=True, exit_code=0, duration_s=round(command.duration_s, 3))
     run["finished"] = True
     run["exit_code"] = exit_code
     for path in (command.stdout_path, command.stderr_path):

@@ -7,8 +7,8 @@ The recorder owns the order of things that makes delivery exactly-once:
 2. ``poll``: read every tailed file, hand the lines and the files' new positions to the collector,
    which writes them to the spool as records by size or age; the state moves with the records.
 3. ``event``: a lifecycle event is a spool record too, so it is sent only after every line written
-   before it has been stored (``bench_done`` never overtakes the daemon's last words). An event
-   made during a run names it in its meta, so a restarted agent knows it was already spooled.
+   before it has been stored (``bench_done`` never overtakes the daemon's last words). A run's own
+   report names the run in its meta, so a restarted agent knows it was already spooled.
 4. ``drain``: wait until the spool is empty, up to a deadline; ``close``: save state, release all.
 """
 
@@ -224,10 +224,11 @@ class Recorder:
             self.spool.append([self._drops_record()])
         self.shipper.wake()
 
-    def event(self, kind: str, *, ts: float | None = None, **fields: Any) -> dict[str, Any]:
+    def event(self, kind: str, *, ts: float | None = None, of_run: bool = False, **fields: Any) -> dict[str, Any]:
+        """``of_run``: the current run's own report (``bench_done``, ``logs_complete``, its done event),
+        remembered in the state (``reported``) so that a restarted agent does not send it again."""
         body = {"instance_id": self.state.instance_id, "kind": kind, "ts": round(ts if ts is not None else time.time(), 6), **fields}
-        run = self.state.run
-        meta = {"kind": kind, **({"run_id": run["run_id"]} if run and not run.get("finished") else {})}
+        meta = {"kind": kind, **({"run_id": self.state.run_id} if of_run else {})}
         record = Record("event", meta, orjson.dumps(body))
         self._append([record])
         self.state.apply(record)
@@ -242,6 +243,7 @@ class Recorder:
             logger.warning("run %s: logs_complete declares lines that will never be stored: %s", self.state.run_id, ", ".join(f"{n} of {s}" for s, n in sorted(dropped.items())))
         return self.event(
             "logs_complete",
+            of_run=True,
             run_id=self.state.run_id,
             sources={s: self.state.last_seq(s) for s in sources},
             dropped_lines={s: n for s, n in self.state.dropped.items() if n},

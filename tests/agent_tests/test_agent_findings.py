@@ -145,9 +145,10 @@ def test_an_event_spooled_before_the_kill_is_known_to_the_restarted_agent(tmp_pa
         bench = Bench(tmp_path)
         agent = Agent(tmp_path, bench, 0.0)
         rec = await agent.start()
-        rec.event("gpu_state", state="nvml_unavailable", reason="test")
+        rec.event("gpu_state", state="nvml_unavailable", reason="test")  # not the run's report
         rec.save_state()
-        rec.event("bench_done", exit_code=0, rate_per_hour=45.7)
+        rec.event("bench_done", of_run=True, exit_code=0, rate_per_hour=45.7)
+        rec.logs_complete(["benchout", "benchdaemon"])
         await agent.kill()
         rec = await agent.start()
         try:
@@ -155,4 +156,4 @@ def test_an_event_spooled_before_the_kill_is_known_to_the_restarted_agent(tmp_pa
         finally:
             await rec.close()
 
-    assert asyncio.run(scenario()) == ["gpu_state", "bench_done"]
+    assert asyncio.run(scenario()) == ["bench_done", "logs_complete"]
