@@ -13,12 +13,15 @@ import asyncio
 import shutil
 from pathlib import Path
 
+import orjson
+
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent.config import AgentSettings
 from agent.recorder import Recorder
 from agent.result import Findings
+from agent.spool import Record
 
 # A failed PCE extraction on an RTX PRO 4000 (docs: /work/shared/INCIDENT.md), with a warm-up
 # estimate that is not the rate, a rate line before the end, an over-long line and an unterminated one.
@@ -85,11 +88,19 @@ class Agent:
         rec.tail("benchout", str(self.bench.paths["stderr"]), label="stderr")
         return rec
 
-    async def kill(self) -> None:
-        """SIGKILL: the next agent sees the state directory as it is now, not what a clean exit saves."""
+    async def kill(self, torn_bytes: int = 0) -> None:
+        """SIGKILL: the next agent sees the state directory as it is now, not what a clean exit saves;
+        ``torn_bytes``: it died writing a record (of a rate line no one read), cut after that many bytes."""
         snapshot = self.state_dir.with_name("at-kill")
         shutil.copytree(self.state_dir, snapshot)
         assert self.rec is not None
+        if torn_bytes:
+            run_id = self.rec.state.run_id
+            payload = orjson.dumps({"source": "benchout", "run_id": run_id, "lines": [{"seq": 10**6, "ts": 1.0, "line": "999 proofs/hour"}]})
+            torn = Record("logs", {"source": "benchout", "run_id": run_id, "first_seq": 10**6, "n": 1, "files": {}, "labels": [["stdout", 1]]}, payload).encode()
+            last = max(snapshot.joinpath("spool").glob("*.seg"))
+            with open(last, "ab") as f:
+                f.write(torn[: torn_bytes % len(torn)])
         await self.rec.close()
         shutil.rmtree(self.state_dir)
         snapshot.rename(self.state_dir)
@@ -104,8 +115,9 @@ class Agent:
         return result
 
 
-async def benchmark(root: Path, kills: list[bool], saves: list[bool], polls: list[bool], batch_max_delay_s: float) -> dict:
-    """Write OUTPUT line by line; after line i, maybe poll, maybe save state, maybe kill and restart."""
+async def benchmark(root: Path, kills: list[int | None], saves: list[bool], polls: list[bool], batch_max_delay_s: float) -> dict:
+    """Write OUTPUT line by line; after line i, maybe poll, maybe save state, maybe kill (``kills[i]``:
+    the torn bytes of a record it was writing) and restart."""
     root.mkdir()
     bench = Bench(root)
     agent = Agent(root, bench, batch_max_delay_s)
@@ -116,23 +128,25 @@ async def benchmark(root: Path, kills: list[bool], saves: list[bool], polls: lis
             rec.poll()
         if saves[i]:
             rec.save_state()
-        if kills[i]:
-            await agent.kill()
+        if kills[i] is not None:
+            await agent.kill(kills[i])
             rec = await agent.start()
     return await agent.stop()
 
 
 N = len(OUTPUT)
 flags = st.lists(st.booleans(), min_size=N, max_size=N)
+kill_plans = st.lists(st.none() | st.integers(0, 400), min_size=N, max_size=N)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kills=flags, saves=flags, polls=flags, batch_max_delay_s=st.sampled_from([0.0, 3600.0]))
-@example(kills=[True] * N, saves=[False] * N, polls=[True] * N, batch_max_delay_s=0.0)  # killed after every line
-@example(kills=[True] * N, saves=[True] * N, polls=[True] * N, batch_max_delay_s=3600.0)
+@given(kills=kill_plans, saves=flags, polls=flags, batch_max_delay_s=st.sampled_from([0.0, 3600.0]))
+@example(kills=[0] * N, saves=[False] * N, polls=[True] * N, batch_max_delay_s=0.0)  # killed after every line
+@example(kills=[0] * N, saves=[True] * N, polls=[True] * N, batch_max_delay_s=3600.0)
+@example(kills=[77] * N, saves=[False] * N, polls=[True] * N, batch_max_delay_s=0.0)
 def test_findings_after_kills_at_any_lines_equal_those_of_an_agent_never_killed(tmp_path_factory, kills, saves, polls, batch_max_delay_s):
     root = tmp_path_factory.mktemp("findings")
-    never_killed = asyncio.run(benchmark(root / "never-killed", [False] * N, saves, polls, batch_max_delay_s))
+    never_killed = asyncio.run(benchmark(root / "never-killed", [None] * N, saves, polls, batch_max_delay_s))
     assert never_killed["rate_per_hour"] == 38.25 and "CUDA error: out of memory" in never_killed["failure_excerpt"]
     assert asyncio.run(benchmark(root / "killed", kills, saves, polls, batch_max_delay_s)) == never_killed
 
