@@ -5,7 +5,10 @@ run's counter only when the record is written), the read positions of the files 
 line, and the lines those reads know were lost (``lost``: a file truncated before it was read to
 its end), which count only once the record is written, like the positions that moved past them. The lines of one read are never split across records, so the positions a record carries
 always sit exactly after its last line; that is what makes a restart resume without a loss or a
-double.
+double. A read may name its stream (``label``: a command's ``stdout`` and ``stderr`` share one
+source); the record says which of its lines came from which (``labels``) when it is not the source.
+Once written, a record moves the state through ``RunState.apply``, the function that also replays
+it after a crash, so the live state and the recovered one cannot differ.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class _Pending:
     files: dict[str, list[dict]] = field(default_factory=dict)
     moved: bool = False  # file positions changed without lines
     lost: tuple[int, int] = (0, 0)  # lines, bytes the reads know were lost
+    labels: list[list] = field(default_factory=list)  # [[label, count], ...]: the lines' streams, in order
 
     @property
     def empty(self) -> bool:
@@ -54,8 +58,12 @@ class Collector:
         self._pending: dict[str, _Pending] = {}
         self.lines_in = 0
 
-    def add(self, source: str, lines: list[str], ts: float, files: dict[str, list[dict]] | None = None, lost: tuple[int, int] = (0, 0)) -> None:
-        """Lines of one read, the positions of the files after them, and what the read knows was lost."""
+    def add(
+        self, source: str, lines: list[str], ts: float, files: dict[str, list[dict]] | None = None, lost: tuple[int, int] = (0, 0),
+        label: str | None = None,
+    ) -> None:
+        """Lines of one read (of stream ``label``, by default ``source``), the positions of the files
+        after them, and what the read knows was lost."""
         if not lines and not files and not any(lost):
             return
         pending = self._pending.setdefault(source, _Pending())
@@ -66,6 +74,12 @@ class Collector:
         if pending.empty:
             pending.since = self.clock()
         pending.lines.extend((ts, line) for line in lines)
+        if lines:
+            label = label or source
+            if pending.labels and pending.labels[-1][0] == label:
+                pending.labels[-1][1] += len(lines)
+            else:
+                pending.labels.append([label, len(lines)])
         pending.nbytes += nbytes
         if files:
             pending.files.update(files)
@@ -107,11 +121,11 @@ class Collector:
             meta = {"source": source, "run_id": run_id, "first_seq": first, "n": n, "files": pending.files}
             if any(pending.lost):
                 meta["lost"] = list(pending.lost)
+            if any(label != source for label, _n in pending.labels):
+                meta["labels"] = pending.labels
             records.append(Record("logs", meta, payload))
-            taken.append((source, n, pending.files, pending.lost))
+            taken.append([line for _ts, line in pending.lines])
         self.append(records)
         # Only now, with the records in the spool (or counted as dropped), does the state move.
-        for source, n, files, lost in taken:
-            state.take_seqs(source, n)
-            state.files.update(files)
-            state.count_lost(source, *lost)
+        for record, lines in zip(records, taken):
+            state.apply(record, lines)

@@ -4,7 +4,9 @@ A run lives in the state directory until it is finished: when an agent is killed
 with the same ``--spool``, it first completes the unfinished run. A wrapped command that is still
 running is adopted (its output is read on from the saved offsets; its exit status comes from the
 reaper), and it is never started a second time: a restarted ``run`` or ``wrap`` reports the
-adopted command and exits with its code. An unfinished ``tail`` run is resumed by the next ``tail``.
+adopted command and exits with its code. What it reports is what an agent never killed would have:
+the rate and the failure excerpt are derived from the run's spooled lines and kept in its state
+(``RunState.findings``), and an event already spooled for the run is not sent again. An unfinished ``tail`` run is resumed by the next ``tail``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from agent.config import AgentSettings, Invocation
 from agent.echo import Echo
 from agent.gpuexport import GpuTelemetry, default_endpoint, same_origin
 from agent.recorder import Recorder
-from agent.result import EXCERPT_MAX_CHARS, Evidence
+from agent.result import EXCERPT_MAX_CHARS, Findings
 from agent.runner import Command, CommandResult
 from agent.state import StateDir, StateDirBusy
 from agent.timelimit import TimeLimit
@@ -142,6 +144,8 @@ def _start_run(rec: Recorder, inv: Invocation) -> dict:
         grace_s=s.grace_s,
         max_duration_s=s.max_duration_s,
     )
+    if inv.command in ("run", "wrap"):
+        rec.state.findings = Findings.for_run(rec.state.run)
     rec.save_state()
     logger.info("run %s started", run_id)
     return rec.state.run
@@ -191,14 +195,13 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
     """Ship the command's output and the tailed logs until it exits, then report it."""
     run_dir = os.path.dirname(command.status_path)
     source = run["source"]
-    rec.evidence = Evidence()
-    for tail_source, path in run.get("tails", []):  # first: the daemon's log leads the excerpt
+    if rec.state.findings is None:  # a run started by an agent that kept none
+        rec.state.findings = Findings.for_run(run)
+    for tail_source, path in run.get("tails", []):
         rec.tail(tail_source, path)
     echoes = [Echo(sys.stdout.buffer, "stdout"), Echo(sys.stderr.buffer, "stderr")]
-    rec.tail(source, command.stdout_path, label="stdout", echo=echoes[0], in_excerpt=False)
+    rec.tail(source, command.stdout_path, label="stdout", echo=echoes[0])
     rec.tail(source, command.stderr_path, label="stderr", echo=echoes[1])
-    if run.get("bench"):
-        rec.parse_rate_of(source, run["rate_regex"])
     signals.command = command
     signals.grace_s = run.get("grace_s", 10.0)
 
@@ -221,11 +224,13 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
         echo.close()
     await _stop_gpu(rec, telemetry)  # what the GPU did up to the end is stored before bench_done
     exit_code = limit.exit_code(result.exit_code)
-    if run.get("bench"):
+    findings = rec.state.findings
+    reported = rec.state.reported  # by the agent killed before it could mark the run finished
+    if run.get("bench") and "bench_done" not in reported:
         if limit.line:  # first, where the failure classifier and a reader look
-            excerpt = limit.line + "\n" + rec.evidence.excerpt(EXCERPT_MAX_CHARS - len(limit.line) - 1)
+            excerpt = limit.line + "\n" + findings.evidence.excerpt(EXCERPT_MAX_CHARS - len(limit.line) - 1)
         else:
-            excerpt = rec.evidence.excerpt()
+            excerpt = findings.evidence.excerpt()
         done: dict[str, Any] = {"duration_s": round(command.duration_s, 3), "failure_excerpt": excerpt}
         if limit.fired:
             done["timeout"] = True
@@ -236,16 +241,17 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
             done["error"] = "the exit status was lost: the agent and the reaper were both killed"
         if result.signal:
             done["signal"] = result.signal
-        if rec.rate is not None and rec.rate.rate is not None:
-            done["rate_per_hour"] = rec.rate.rate
-            done["rate_line"] = rec.rate.line[:500]
+        if findings.rate is not None and findings.rate.rate is not None:
+            done["rate_per_hour"] = findings.rate.rate
+            done["rate_line"] = findings.rate.line
         dropped = {s: n for s, n in rec.state.dropped.items() if n}
         if dropped:
             done["dropped_lines"] = dropped
-        rec.event("bench_done", **done)
-    rec.logs_complete([source] + [t[0] for t in run.get("tails", [])])
-    if run.get("done_event") and exit_code == 0:
-        rec.event(run["done_event"], exit_code=0, duration_s=round(command.duration_s, 3))
+        rec.event("bench_done", of_run=True, **done)
+    if "logs_complete" not in reported:
+        rec.logs_complete([source] + [t[0] for t in run.get("tails", [])])
+    if run.get("done_event") and exit_code == 0 and run["done_event"] not in reported:
+        rec.event(run["done_event"], of_run=True, exit_code=0, duration_s=round(command.duration_s, 3))
     run["finished"] = True
     run["exit_code"] = exit_code
     for path in (command.stdout_path, command.stderr_path):

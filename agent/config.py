@@ -107,7 +107,7 @@ class AgentSettings:
         for name in ("instance_id", "source"):
             value = getattr(self, name)
             if value is not None:
-                check_name(value, _flag(name))
+                check_name(value, _flag(name), source=name == "source")
         seen = set()
         for source, _path in self.tails:
             if source in seen or source == self.source:
@@ -143,9 +143,25 @@ def env_names() -> dict[str, str]:
     return {f.name: _env_name(f) for f in dataclasses.fields(AgentSettings)}
 
 
-def check_name(value: str, where: str) -> str:
-    if not value.strip() or len(value) > 256 or any(c in value for c in "\x00\n\r"):
-        raise ConfigError(f"{where}: expected a non-empty name of at most 256 characters without control characters, got {value!r}")
+MAX_NAME_CHARS = 128  # the server's id rule (ingest/codec.py check_id, check_source)
+
+
+def check_name(value: str, where: str, *, source: bool = False) -> str:
+    """The server's rule for an id, and for a source name also no '"' or '\\': a name the server
+    would refuse on every push stops the agent at start-up instead."""
+    why = None
+    if not value.strip():
+        why = "expected a non-empty name"
+    elif len(value) > MAX_NAME_CHARS:
+        why = f"must be at most {MAX_NAME_CHARS} characters"
+    elif not value.isprintable():
+        why = "must be printable: no control or format characters"
+    elif value[0] == "-":
+        why = "must not start with '-'"
+    elif source and ('"' in value or "\\" in value):
+        why = "must not contain '\"' or '\\'"
+    if why:
+        raise ConfigError(f"{where}: {why}, got {value[:60]!r}")
     return value
 
 
@@ -176,7 +192,7 @@ def parse_tail(item: str, origin: str = "--tail") -> tuple[str, str]:
     source, sep, path = item.partition("=")
     if not sep or not path:
         raise ConfigError(f"{origin}: expected SOURCE=PATH, got {item!r}")
-    return check_name(source, origin), path
+    return check_name(source, origin, source=True), path
 
 
 def parse_event_fields(items: list[str]) -> dict[str, Any]:

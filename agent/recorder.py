@@ -7,7 +7,8 @@ The recorder owns the order of things that makes delivery exactly-once:
 2. ``poll``: read every tailed file, hand the lines and the files' new positions to the collector,
    which writes them to the spool as records by size or age; the state moves with the records.
 3. ``event``: a lifecycle event is a spool record too, so it is sent only after every line written
-   before it has been stored (``bench_done`` never overtakes the daemon's last words).
+   before it has been stored (``bench_done`` never overtakes the daemon's last words). A run's own
+   report names the run in its meta, so a restarted agent knows it was already spooled.
 4. ``drain``: wait until the spool is empty, up to a deadline; ``close``: save state, release all.
 """
 
@@ -26,7 +27,6 @@ import orjson
 from agent.collector import Collector
 from agent.config import AgentSettings
 from agent.credentials import Credentials
-from agent.result import Evidence, RateParser
 from agent.shipper import Backoff, Client, Outcome, Shipper
 from agent.spool import Entry, Record, Spool
 from agent.state import RunState, StateDir, recover
@@ -57,9 +57,6 @@ class Recorder:
         self.shipper: Shipper | None = None
         self._ship_task: asyncio.Task | None = None
         self._tails: list[_Tail] = []
-        self.evidence: Evidence | None = None  # kept only when a failure excerpt is wanted
-        self.rate: RateParser | None = None
-        self.rate_source: str | None = None
         self._wakeup = asyncio.Event()
         self._last_save = 0.0
         self._saved_at: tuple = ()
@@ -136,20 +133,15 @@ class Recorder:
 
     # ---- reading ----------------------------------------------------------------------------
 
-    def tail(self, source: str, path: str, *, label: str | None = None, echo: Callable[[bytes], None] | None = None, in_excerpt: bool = True) -> FileTailer:
+    def tail(self, source: str, path: str, *, label: str | None = None, echo: Callable[[bytes], None] | None = None) -> FileTailer:
+        """``label``: the stream's name in the run's findings (the failure excerpt), by default ``source``."""
         s = self.settings
         tailer = FileTailer(path, max_line_bytes=s.max_line_bytes, rotate_wait_s=s.rotate_wait_s, on_bytes=echo)
         positions = self.state.files.get(tailer.path) or []
         if positions:
             tailer.restore(positions)
         self._tails.append(_Tail(source, tailer, label or source, list(positions)))
-        if self.evidence is not None:
-            self.evidence.track(label or source, show_last_lines=in_excerpt)
         return tailer
-
-    def parse_rate_of(self, source: str, regex: str) -> None:
-        self.rate = RateParser(regex)
-        self.rate_source = source
 
     def _take(self, t: _Tail, lines: list[str], ts: float) -> None:
         snap = t.tailer.snapshot()
@@ -163,12 +155,7 @@ class Recorder:
             )
         if lines or files or any(lost):
             assert self.collector is not None
-            self.collector.add(t.source, lines, ts, files, lost)
-        if lines:
-            if self.evidence is not None:
-                self.evidence.feed(t.label, lines)
-            if self.rate is not None and t.source == self.rate_source:
-                self.rate.feed(lines)
+            self.collector.add(t.source, lines, ts, files, lost, label=t.label)  # the findings move with the record
 
     def poll(self) -> bool:
         """Read, spool what is due, save state now and then. True when a file has more to read."""
@@ -220,8 +207,6 @@ class Recorder:
         for t in self._tails:
             t.tailer.close()
         self._tails = []
-        self.evidence = None
-        self.rate = None
 
     def forget_file(self, path: str) -> None:
         """A file this state directory will never read again (a finished run's captured output)."""
@@ -239,9 +224,14 @@ class Recorder:
             self.spool.append([self._drops_record()])
         self.shipper.wake()
 
-    def event(self, kind: str, *, ts: float | None = None, **fields: Any) -> dict[str, Any]:
+    def event(self, kind: str, *, ts: float | None = None, of_run: bool = False, **fields: Any) -> dict[str, Any]:
+        """``of_run``: the current run's own report (``bench_done``, ``logs_complete``, its done event),
+        remembered in the state (``reported``) so that a restarted agent does not send it again."""
         body = {"instance_id": self.state.instance_id, "kind": kind, "ts": round(ts if ts is not None else time.time(), 6), **fields}
-        self._append([Record("event", {"kind": kind}, orjson.dumps(body))])
+        meta = {"kind": kind, **({"run_id": self.state.run_id} if of_run else {})}
+        record = Record("event", meta, orjson.dumps(body))
+        self._append([record])
+        self.state.apply(record)
         return body
 
     def logs_complete(self, sources: list[str]) -> dict[str, Any]:
@@ -253,6 +243,7 @@ class Recorder:
             logger.warning("run %s: logs_complete declares lines that will never be stored: %s", self.state.run_id, ", ".join(f"{n} of {s}" for s, n in sorted(dropped.items())))
         return self.event(
             "logs_complete",
+            of_run=True,
             run_id=self.state.run_id,
             sources={s: self.state.last_seq(s) for s in sources},
             dropped_lines={s: n for s, n in self.state.dropped.items() if n},

@@ -6,6 +6,12 @@ of every source of that run, the read position of every tailed file, the lines d
 ``lost_lines``, at least one per such truncation, and ``lost_bytes`` when known), and two spool positions: ``acked`` (everything before it was acknowledged) and ``written_at`` (the
 spool's end when the file was written).
 
+It also holds what the agent derives from the run's lines (``findings``: the rate, the failure
+excerpt's evidence) and which of the run's events were spooled (``reported``). They move exactly as
+the seqs and positions do: when a record is written (``apply``, the same function that replays it),
+so after a restart they are those of the lines before the positions the tailers resume from, and a
+restarted agent reports what an agent never killed would have (issue 21.1), and never a second time.
+
 Nothing is committed ahead of its lines. A seq or a file position changes in memory only when the
 lines it covers are appended to the spool, and the spool record carries the new positions in its
 meta. state.json is a cache of that: on start, the records after ``written_at`` are replayed over
@@ -29,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from agent.result import Findings
 from agent.spool import Ptr, Record, Spool
 
 logger = logging.getLogger(__name__)
@@ -58,6 +65,8 @@ class RunState:
     lost_lines: dict[str, int] = field(default_factory=dict)  # lines that may have been lost before they were read, per source
     lost_bytes: dict[str, int] = field(default_factory=dict)  # bytes known to be lost so (a lower bound), per source
     dropped_events: int = 0
+    findings: Findings | None = None  # derived from the current run's lines (run and wrap)
+    reported: list[str] = field(default_factory=list)  # kinds of the current run's events already spooled
     acked: Ptr = Ptr(1, 0)
     written_at: Ptr = Ptr(1, 0)
 
@@ -74,13 +83,9 @@ class RunState:
         self.lost_lines = {}
         self.lost_bytes = {}
         self.dropped_events = 0
+        self.findings = None
+        self.reported = []
         return self.run_id
-
-    def take_seqs(self, source: str, n: int) -> int:
-        """Reserve ``n`` seqs of ``source``; returns the first."""
-        first = self.seqs.get(source, 0)
-        self.seqs[source] = first + n
-        return first
 
     def count_lost(self, source: str, lines: int, nbytes: int) -> None:
         """Lines a tailer could not read (a copytruncate race); moves with the positions past them."""
@@ -97,17 +102,27 @@ class RunState:
     def last_seq(self, source: str) -> int:
         return self.seqs.get(source, 0) - 1
 
-    def apply(self, record: Record) -> None:
-        """Replay what a spooled record recorded (used when recovering)."""
+    def apply(self, record: Record, lines: list[str] | None = None) -> None:
+        """What a record records, once it is written: called as it is written (``lines``: its
+        lines, when the writer has them at hand) and again for each record replayed when recovering."""
+        meta = record.meta
+        current = self.run is not None and meta.get("run_id") == self.run.get("run_id")
+        if record.kind == "event":
+            if current and meta.get("kind") not in self.reported:
+                self.reported.append(meta["kind"])
+            return
         if record.kind != "logs":
             return
-        meta = record.meta
-        if self.run is not None and meta.get("run_id") == self.run.get("run_id"):
+        if current:
             end = meta["first_seq"] + meta["n"]
             if end > self.seqs.get(meta["source"], 0):
                 self.seqs[meta["source"]] = end
             if meta.get("lost"):
                 self.count_lost(meta["source"], *meta["lost"])
+            if self.findings is not None and meta["n"]:
+                if lines is None:
+                    lines = [line["line"] for line in orjson.loads(record.payload)["lines"]]
+                self.findings.feed(meta["source"], _labelled(meta, lines))
         for path, positions in (meta.get("files") or {}).items():
             self.files[path] = positions
 
@@ -134,6 +149,8 @@ class RunState:
             "lost_lines": self.lost_lines,
             "lost_bytes": self.lost_bytes,
             "dropped_events": self.dropped_events,
+            "findings": self.findings.to_json() if self.findings is not None else None,
+            "reported": self.reported,
             "acked": list(self.acked),
             "written_at": list(self.written_at),
         }
@@ -151,9 +168,24 @@ class RunState:
             lost_lines=dict(doc.get("lost_lines") or {}),
             lost_bytes=dict(doc.get("lost_bytes") or {}),
             dropped_events=int(doc.get("dropped_events") or 0),
+            findings=Findings.from_json(doc["findings"]) if doc.get("findings") else None,
+            reported=list(doc.get("reported") or []),
             acked=Ptr(*doc.get("acked", (1, 0))),
             written_at=Ptr(*doc.get("written_at", (1, 0))),
         )
+
+
+def _labelled(meta: dict[str, Any], lines: list[str]) -> list[tuple[str, list[str]]]:
+    """A logs record's lines by stream: ``meta["labels"]`` is [[label, count], ...] in order when
+    its lines come from more than one stream (a command's stdout and stderr), else all are ``source``'s."""
+    runs = meta.get("labels")
+    if not runs:
+        return [(meta["source"], lines)]
+    out, at = [], 0
+    for label, n in runs:
+        out.append((label, lines[at : at + n]))
+        at += n
+    return out
 
 
 class StateDir:

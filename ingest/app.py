@@ -13,9 +13,9 @@ from ingest.auth import InstanceRateLimiter, SharedTokens, TokenBook, build_auth
 from ingest.budget import MemoryBudget
 from ingest.config import Settings
 from ingest.core import Core
-from ingest.handlers import health, hosts, otlp, page, push, query, read
+from ingest.handlers import admin, health, hosts, otlp, page, push, query, read
 from ingest.handlers import queries as query_files, search as search_handlers
-from ingest.handlers.http import build_body_middleware, build_error_middleware
+from ingest.handlers.http import build_body_middleware, build_error_middleware, close_after_unread_body
 from ingest.keys import BUDGET, CORE, DB, ENROLL_LIMITER, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
 from ingest.observe import IngestMetrics, LiveStateCollector
 
@@ -127,6 +127,9 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_post("/api/v1/instances/{instance_id}/token", push.post_instance_token)
     app.router.add_get("/api/v1/search", search_handlers.get_search)
     app.router.add_get("/api/v1/queries", query_files.get_queries)
+    app.router.add_get("/api/v1/admin/events", admin.get_events)
+    app.router.add_delete("/api/v1/admin/events", admin.delete_event)
     page.setup(app)
+    app.on_response_prepare.append(close_after_unread_body)
     app.on_shutdown.append(read.on_shutdown)
     return app

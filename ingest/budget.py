@@ -3,11 +3,13 @@
 The budget is split, and the split is validated at start-up (``Settings.memory_split``): the tail
 cache (``tail_cache_max_bytes``), DuckDB's own ``memory_limit`` (``duckdb_memory_limit_mb``), an
 eighth kept for transients (the body being parsed on the event loop, the writer's Arrow copy of a
-batch), and the rest for requests in flight. A push is charged ``EXPANSION`` bytes per body byte from the
-moment its body is read until its reply (parse, the writer queue and the commit all happen inside
-that window, so the writer queue is bounded in bytes by the same charge). The charge is taken
-before reading: the declared length up front, then chunk by chunk as the (inflated) body arrives;
-when the share is spent the request gets 503 + Retry-After and nothing more of it is read.
+batch), and the rest for requests in flight. A body is charged for the bytes that arrived, chunk by
+chunk (after inflation) as it is read, never for the ``Content-Length`` it promised: a connection
+that declares a large body and sends one byte holds one byte. Once the whole body has arrived, and
+before it is parsed, the charge grows to ``EXPANSION`` bytes per body byte, held until the reply
+(parse, the writer queue and the commit all happen inside that window, so the writer queue is
+bounded in bytes by the same charge). When the share is spent the request gets 503 + Retry-After
+and nothing more of it is read (``handlers/http.close_after_unread_body``).
 A SQL API answer is charged its bytes as it is rendered, until it is sent (``ResultCharge``).
 
 The interpreter's own baseline (modules, DuckDB's code, thread stacks) is not part of the budget.
@@ -57,9 +59,16 @@ class Charge:
         self._budget = budget
         self.held = 0
 
+    def arrived(self, body_bytes: int) -> None:
+        """Hold the ``body_bytes`` read so far (raises Overloaded, holding what it held)."""
+        self._hold(body_bytes)
+
     def cover(self, body_bytes: int) -> None:
-        """Hold enough for a body of ``body_bytes`` (raises Overloaded, holding what it held)."""
-        need = body_bytes * EXPANSION - self.held
+        """Hold enough to parse, queue and commit a body of ``body_bytes`` (raises Overloaded, holding what it held)."""
+        self._hold(body_bytes * EXPANSION)
+
+    def _hold(self, total: int) -> None:
+        need = total - self.held
         if need > 0:
             self._budget.take(need)
             self.held += need

@@ -12,6 +12,14 @@ Ids (instance_id, source, run_id, metric names; the same rule for headers and OT
 ``check_id``): 1 to 128 printable characters (``str.isprintable``: no control, format such as the
 bidi override U+202E, separator other than space, or unassigned characters), not blank, not
 starting with ``-`` (a value substituted into an actuator command must never read as an option).
+A log source name follows the id rule and holds neither a double quote nor a backslash (``check_source``): the same
+rule for a push's ``source`` (JSON, plain text, OTLP) and for the keys of a ``logs_complete``'s
+``sources`` and ``dropped``, so every stream a push can create can be declared complete, and a name is
+never read as JSON-path or escape syntax by whoever queries it. Seqs and counts are integers from 0 to
+2^63-1 (BIGINT; a declared last seq may be -1: no line).
+
+An event is at most ``MAX_EVENT_DEPTH`` objects or arrays deep (400 naming the field), well inside
+what the JSON encoder that stores it can write.
 
 Work is capped before it is done: ``Caps`` bounds the lines, streams and events of one request
 (413 naming the cap), counted before any line is looked at.
@@ -43,6 +51,7 @@ _US = dt.timedelta(microseconds=1)
 MIN_TS_US = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc) - EPOCH) // _US  # 0001-01-01T00:00:00Z
 MAX_TS_US = 253402300799_999999  # 9999-12-31T23:59:59.999999Z
 MAX_SEQ = 2**63 - 1
+MAX_EVENT_DEPTH = 64  # objects and arrays, the event itself included; orjson writes at most 254
 MAX_TS_S = 253402300799.999  # last epoch second accepted (1 ms short of the end: a float is ~32 µs coarse there)
 
 
@@ -155,6 +164,21 @@ def parse_id(value: Any, where: str) -> str:
     return value
 
 
+def check_source(value: Any) -> str | None:
+    """Why ``value`` is not an acceptable log source name, or None (the id rule, and no double quote or backslash)."""
+    why = check_id(value)
+    if why is None and ('"' in value or "\\" in value):
+        return "must not contain '\"' or '\\'"
+    return why
+
+
+def parse_source(value: Any, where: str) -> str:
+    why = check_source(value)
+    if why is not None:
+        raise BadRequest(f"{where}: {why}")
+    return value
+
+
 def parse_ts(value: Any, where: str, default_us: int) -> int:
     if value is None:
         return default_us
@@ -175,12 +199,6 @@ def parse_ts(value: Any, where: str, default_us: int) -> int:
                              "9999-12-31T23:59:59.999999Z")
         return us
     raise BadRequest(f"{where}: expected epoch seconds or an ISO-8601 string, got {_kind(value)}")
-
-
-def _int(value: Any, where: str, *, minimum: int | None = 0) -> int:
-    if type(value) is not int or (minimum is not None and value < minimum):
-        raise BadRequest(f"{where}: expected an integer >= {minimum}, got {value!r}"[:200])
-    return value
 
 
 def _refuse_repeated_seqs(seqs: list[int], prefix: str) -> None:
@@ -227,7 +245,7 @@ def _parse_stream(doc: Any, where: str, max_line_bytes: int, received_us: int) -
     doc = _object(doc, where or "body")
     prefix = f"{where}." if where else ""
     instance_id = parse_id(doc.get("instance_id"), prefix + "instance_id")
-    source = parse_id(doc.get("source"), prefix + "source")
+    source = parse_source(doc.get("source"), prefix + "source")
     run_id = parse_id(doc.get("run_id", "0"), prefix + "run_id")
     lines = doc.get("lines")
     if not isinstance(lines, list):
@@ -322,7 +340,7 @@ def _columns(instance_id: str, source: str, run_id: str, items: list, prefix: st
              received_us: int) -> LogChunk:
     """One stream's typed lines as columns, with ``_parse_stream``'s checks in its order."""
     parse_id(instance_id, prefix + "instance_id")
-    parse_id(source, prefix + "source")
+    parse_source(source, prefix + "source")
     parse_id(run_id, prefix + "run_id")
     seqs = [item.seq for item in items]
     texts = [item.line for item in items]
@@ -345,7 +363,7 @@ def parse_plain_lines(body: bytes, instance_id: Any, source: Any, max_line_bytes
 
     The lines are counted (newlines, a C-speed scan) against the cap before any is decoded."""
     instance_id = parse_id(instance_id, "X-Instance-Id")
-    source = parse_id(source, "X-Log-Source")
+    source = parse_source(source, "X-Log-Source")
     count = body.count(b"\n") + (1 if body and not body.endswith(b"\n") else 0)
     caps.check("lines", count, caps.lines, "max_lines_per_request")
     text = body.decode("utf-8", "replace")
@@ -375,6 +393,7 @@ def parse_events(doc: Any, received_us: int, caps: Caps = Caps()) -> list[Event]
         if kind not in EVENT_KINDS:
             raise BadRequest(f"{prefix}kind: expected one of {', '.join(sorted(EVENT_KINDS))}, got {kind!r}"[:300])
         ts_us = parse_ts(item.get("ts"), prefix + "ts", received_us)
+        _check_depth(item, prefix)
         _check_event_fields(item, kind, prefix)
         out.append(Event(instance_id, kind, ts_us, item))
     return out
@@ -410,11 +429,50 @@ def _check_event_fields(item: dict, kind: str, prefix: str) -> None:
         sources = item.get("sources")
         if not isinstance(sources, dict) or not sources:
             raise BadRequest(f"{prefix}sources: expected an object of source name -> last seq")
-        for name, last in sources.items():
-            if last is not None:
-                _int(last, f"{prefix}sources.{name}", minimum=-1)
+        _check_counts(sources, f"{prefix}sources", minimum=-1)
+        dropped = item.get("dropped")
+        if dropped is not None:
+            if not isinstance(dropped, dict):
+                raise BadRequest(f"{prefix}dropped: expected an object of source name -> lines dropped, got {_kind(dropped)}")
+            _check_counts(dropped, f"{prefix}dropped", minimum=0)
         if "run_id" in item:
             parse_id(item["run_id"], prefix + "run_id")
+
+
+def _check_counts(counts: dict, where: str, *, minimum: int) -> None:
+    """Source name -> seq or count: each name a source name, each number from ``minimum`` to 2^63-1
+    (null allowed: it declares nothing)."""
+    for name, n in counts.items():
+        why = check_source(name)
+        if why is not None:
+            raise BadRequest(f"{where}: source name {name[:64]!r}: {why}")
+        if n is not None and (type(n) is not int or not minimum <= n <= MAX_SEQ):
+            raise BadRequest(f"{where}.{name}: expected an integer from {minimum} to 2^63-1, got {n!r}"[:200])
+
+
+def _check_depth(item: dict, prefix: str) -> None:
+    """Each field of an event nests at most MAX_EVENT_DEPTH - 1 objects or arrays (the event is one)."""
+    for name, value in item.items():
+        if nests_deeper(value, MAX_EVENT_DEPTH - 1):
+            raise BadRequest(f"{prefix}{name}: nested deeper than {MAX_EVENT_DEPTH} levels (objects and arrays)")
+
+
+def nests_deeper(value: Any, levels: int) -> bool:
+    """Whether ``value`` holds more than ``levels`` objects or arrays inside one another; walked
+    without recursion, stopping at the first too deep."""
+    stack = [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if type(value) is dict:
+            children = value.values()
+        elif type(value) is list:
+            children = value
+        else:
+            continue
+        if depth > levels:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def parse_metrics(doc: Any, received_us: int, caps: Caps = Caps()) -> MetricRows:

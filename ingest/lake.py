@@ -88,7 +88,7 @@ SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id
 # The migrations (ingest/migrations/) whose tables PG_DDL and LAKE_DDL hold; their views are created
 # from the files themselves. A new migration must be folded in here too (open_lake refuses to start
 # otherwise, so the two modes cannot drift apart silently).
-LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 11})
+LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11})  # 10 only redefines views
 
 # Native PostgreSQL DDL of the keyed tables (migrations 001-005 folded, JSON kept as text: DuckDB sees both as VARCHAR and casts one way only; bench_runs carries its own
 # ``rowid`` column, which DuckDB's postgres scanner does not provide, so the writer's run matching
@@ -131,7 +131,7 @@ CREATE TABLE IF NOT EXISTS enrollments (
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS class_final boolean;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS classified_at timestamp;
 INSERT INTO schema_migrations (version, name)
-    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (11, 'enrollments')
+    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments')
     ON CONFLICT DO NOTHING;
 """
 
@@ -145,7 +145,7 @@ def _migration_views() -> list[str]:
             raise StoreError(f"lake: migration {version:03d}_{name} has no lake counterpart in ingest/lake.py")
         for statement in duckdb.extract_statements(sql):
             text = re.sub(r"^(\s*--[^\n]*\n|\s+)*", "", statement.query)  # the comments before it
-            match = re.match(r"CREATE\s+VIEW\s+(\w+)\s+AS\b", text, re.IGNORECASE)
+            match = re.match(r"CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\w+)\s+AS\b", text, re.IGNORECASE)
             if match:
                 out.append(f"CREATE OR REPLACE VIEW memory.main.{match.group(1)} AS" + text[match.end():])
     return out

@@ -9,7 +9,8 @@ Metrics: gauge and sum points become samples of their name; histogram points bec
 point (exposed on /metrics) whose name or attribute keys break Prometheus's naming rules, keys
 translated as Prometheus's OTLP receiver does (``ingest/promnames.py``), is rejected alone.
 
-The instance id, source and run_id follow the one id rule (``codec.check_id``): a present but
+The instance id, source and run_id follow the one id rule (``codec.check_id``; a source the source
+rule, ``codec.check_source``, as in every other push): a present but
 unacceptable value is a 400 naming the attribute (not a partial success: the exporter must not
 retry it). Records are counted against the caps (``codec.Caps``) before any is converted.
 """
@@ -34,7 +35,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingest import promnames
-from ingest.codec import MAX_SEQ, Caps, LogChunk, MetricRows, check_id, truncate_line
+from ingest.codec import MAX_SEQ, Caps, LogChunk, MetricRows, check_id, check_source, truncate_line
 from ingest.errors import BadRequest
 
 INSTANCE_ATTR = "service.instance.id"
@@ -92,12 +93,12 @@ def parse(body: bytes, content_type: str, message_type):
     return message
 
 
-def _id(value: Any, where: str) -> str | None:
+def _id(value: Any, where: str, rule=check_id) -> str | None:
     """None when absent or empty (the record cannot be mapped); a 400 naming ``where`` when the id
-    rule refuses it."""
+    rule (or the one given) refuses it."""
     if value is None or value == "":
         return None
-    why = check_id(value)
+    why = rule(value)
     if why is not None:
         raise BadRequest(f"{where}: {why}")
     return value
@@ -124,9 +125,9 @@ def convert_logs(request: ExportLogsServiceRequest, max_line_bytes: int, receive
                 attrs = attributes(record.attributes)
                 where = f"resource_logs[{r}]"
                 if attrs.get(SOURCE_ATTR):
-                    source = _id(attrs[SOURCE_ATTR], f"{where}.log_records.attributes[{SOURCE_ATTR}]")
+                    source = _id(attrs[SOURCE_ATTR], f"{where}.log_records.attributes[{SOURCE_ATTR}]", check_source)
                 else:
-                    source = _id(resource.get("service.name"), f"{where}.resource.attributes[service.name]")
+                    source = _id(resource.get("service.name"), f"{where}.resource.attributes[service.name]", check_source)
                 if source is None:
                     out.reject(f"no source: set the log attribute {SOURCE_ATTR} or the resource's service.name")
                     continue

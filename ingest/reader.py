@@ -227,6 +227,10 @@ class Reader:
             source=source, run_id=run_id, tail=tail, after_seq=after_seq, before_seq=before_seq, q=q,
         )
 
+    async def events(self, instance_id: str, kind: str | None, limit: int) -> list[dict[str, Any]]:
+        """An instance's stored events for the admin (``reads.list_events``)."""
+        return await self._run("events", reads.list_events, instance_id, kind, limit)
+
     async def hosts(self, hosts_sql: str, min_rate: float, now, machine_id: int | None = None) -> list[dict[str, Any]]:
         return await self._run("hosts", reads.hosts, hosts_sql, min_rate, now, machine_id)
 

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import duckdb
 import orjson
 
-from ingest.codec import datetime_to_us
+from ingest.codec import MAX_EVENT_DEPTH, datetime_to_us, nests_deeper
 from ingest.errors import QueryError, QueryTimeout, StorageUnavailable
 from ingest.tailcache import TailRow
 
@@ -97,7 +97,7 @@ def instance_detail(con, timeout_s: float, instance_id: str) -> dict[str, Any] |
             [instance_id],
         )
         detail["events"] = [
-            {"kind": k, "ts": ts, "received_at": r, "body": orjson.loads(b)} for k, ts, r, b in cur.fetchall()
+            {"kind": k, "ts": ts, "received_at": r, "body": _event_body(b)} for k, ts, r, b in cur.fetchall()
         ]
         cur.execute(
             """SELECT started_at, proofs, concurrency, partition_workers, done_at, exit_code, rate_per_hour,
@@ -107,6 +107,29 @@ def instance_detail(con, timeout_s: float, instance_id: str) -> dict[str, Any] |
         )
         detail["bench_runs"] = _dicts(cur)
         return detail
+
+
+EVENTS_SQL = """
+SELECT instance_id, kind, epoch_us(ts) AS ts_us, ts, received_at, body::VARCHAR AS body FROM events
+WHERE instance_id = ? {kind}
+ORDER BY ts, kind LIMIT ?
+"""
+
+
+def list_events(con, timeout_s: float, instance_id: str, kind: str | None, limit: int) -> list[dict[str, Any]]:
+    """An instance's stored events, oldest first, each with its key (``ts_us``) and its body as the
+    stored JSON text (not parsed: the admin's view of rows that may be what broke something)."""
+    params: list[Any] = [instance_id] + ([kind] if kind else []) + [limit]
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(EVENTS_SQL.format(kind="AND kind = ?" if kind else ""), params)
+        return _dicts(cur)
+
+
+def _event_body(text: str) -> Any:
+    """A stored body, parsed; as its stored text when it nests deeper than the door now allows (an
+    older server stored up to 254 levels, more than the answer around it can be rendered with)."""
+    body = orjson.loads(text)
+    return text if nests_deeper(body, MAX_EVENT_DEPTH) else body
 
 
 TAIL_SQL = """

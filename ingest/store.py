@@ -395,3 +395,19 @@ def _apply_bench(con: duckdb.DuckDBPyConnection, events: list[Event]) -> None:
             con.execute(f"UPDATE bench_runs SET {sets} FROM _closed c WHERE bench_runs.rowid = c.row")
         finally:
             con.unregister("_closed")
+
+
+# --- an operator's repairs (docs/api.md: /api/v1/admin/events) ---------------------------------------
+_ONE_EVENT = "instance_id = ? AND kind = ? AND ts = make_timestamp(?::BIGINT)"
+
+
+def delete_event(con: duckdb.DuckDBPyConnection, instance_id: str, kind: str, ts_us: int) -> int:
+    """The writer's ``delete_event``: remove one stored event (its key is (instance_id, kind, ts)), e.g.
+    one that broke a rule; returns how many rows went, 0 or 1. Counted first: PostgreSQL through DuckDB
+    (lake mode) has no RETURNING. What the event already wrote into ``instances`` or ``bench_runs``
+    stays; the views, which read ``events``, no longer see it."""
+    params = [instance_id, kind, ts_us]
+    (found,) = con.execute(f"SELECT count(*) FROM events WHERE {_ONE_EVENT}", params).fetchone()
+    if found:
+        con.execute(f"DELETE FROM events WHERE {_ONE_EVENT}", params)
+    return found

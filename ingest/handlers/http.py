@@ -1,9 +1,11 @@
 """What every handler shares: bounded body reading, JSON responses, the one error shape.
 
-A body is read under the request's ``BodyRules``: its share of the memory budget is taken before
-each chunk is read (503 + Retry-After when spent), the whole body must arrive within
-``http_body_timeout_s`` (408), and a client that goes away mid-body is counted
-(``fleetlog_http_client_disconnects_total``), not logged as an error.
+A body is read under the request's ``BodyRules``: its share of the memory budget grows with the
+bytes that arrived, and to ``EXPANSION`` times the body once it is whole (503 + Retry-After when
+spent; ingest/budget.py), the whole body must arrive within ``http_body_timeout_s`` (408), and a
+client that goes away mid-body is counted (``fleetlog_http_client_disconnects_total``), not logged
+as an error. A request answered before its body was read to the end (401, 413, 503, ...) closes its
+connection, and the rest of its body is neither parsed nor inflated (``close_after_unread_body``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
@@ -52,7 +54,8 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     """The whole body, at most ``max_bytes`` after decompression (aiohttp inflates gzip as it reads).
 
     The length is checked before reading when declared, and chunk by chunk while reading, so a
-    small gzip body that inflates past the limit is refused without being held in memory.
+    small gzip body that inflates past the limit is refused without being held in memory. The
+    budget is charged for each chunk as it arrives, and for the parse once the body is whole.
     """
     preloaded = request.get(PRELOADED_BODY)
     if preloaded is not None:
@@ -62,8 +65,6 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
         raise PayloadTooLarge(f"body: {declared} bytes is over the limit of {max_bytes}")
     rules = request.get(BODY) or BodyRules(None, None)
     charge = rules.charge
-    if charge is not None and declared:
-        charge.cover(declared)
     chunks: list[bytes] = []
     size = 0
     try:
@@ -76,7 +77,7 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
                 if size > max_bytes:
                     raise PayloadTooLarge(f"body: over the limit of {max_bytes} bytes (after decompression)")
                 if charge is not None:
-                    charge.cover(size)  # the chunk read is paid for before the next is read
+                    charge.arrived(size)  # the chunk read is paid for before the next is read
                 chunks.append(chunk)
     except TimeoutError:
         raise BodyTimeout(f"body: not received within {rules.timeout_s:g} s (http_body_timeout_s)") from None
@@ -85,7 +86,23 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
         raise BadRequest(f"body: cannot be read: {cause}".strip()) from e
     except ConnectionError as e:  # the client went away mid-body
         raise ClientGone(f"body: the client disconnected after {size} bytes") from e
+    if charge is not None:
+        charge.cover(size)  # what parsing it will hold: its rows cost more than its bytes
     return b"".join(chunks)
+
+
+async def close_after_unread_body(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: an answer given before the request's body was read to the end
+    (401, 413, 503, ...) closes the connection, and aiohttp stops parsing what else arrives.
+
+    Otherwise aiohttp's lingering close reads the rest for up to 10 s before closing, inflating it
+    as it goes: a 1 MB gzip of 1 GiB of zeros, refused 401 at once, held the event loop for
+    seconds. Closed, the handler drops the bytes that still arrive unparsed while it lingers (so the
+    client can finish sending and read its answer instead of a reset), then closes."""
+    if not request.content.is_eof():
+        response.force_close()
+        response.headers[hdrs.CONNECTION] = "close"  # the hook runs after the headers were prepared
+        request.protocol.close()  # aiohttp's RequestHandler: data_received drops what arrives from now on
 
 
 def build_body_middleware(budget: MemoryBudget, body_timeout_s: float):

@@ -14,7 +14,7 @@ from ingest import codec
 from ingest.budget import ResultCharge
 from ingest.errors import BadRequest
 from ingest.handlers.http import read_body
-from ingest.keys import BUDGET, DB, SETTINGS
+from ingest.keys import BUDGET, DB, METRICS, SETTINGS
 from ingest import queryfiles
 from ingest.policy import utcnow
 
@@ -44,9 +44,12 @@ async def post_query(request: web.Request) -> web.StreamResponse:
             response.charset = "utf-8"
         response.content_length = answer.size
         await response.prepare(request)
-        for part in answer.parts:
-            await response.write(part)
-        await response.write_eof()
+        try:
+            for part in answer.parts:
+                await response.write(part)
+            await response.write_eof()
+        except ConnectionResetError:  # the client left mid-answer: nobody to tell, nothing to log
+            request.app[METRICS].client_disconnects.inc()
         return response
     finally:
         charge.close()

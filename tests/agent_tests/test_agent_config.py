@@ -46,6 +46,11 @@ def test_tails_from_flags_and_from_the_environment():
         (["tail", *BASE], {}, "tail: expected at least one --tail"),
         (["run", *BASE, "--spool-full-policy", "block", "--", "true"], {}, "--spool-full-policy: expected one of drop_oldest, drop_newest"),
         (["run", *BASE, "--", "true"], {"FLEETLOG_AGENT_SPOOL_FSYNC": "maybe"}, "FLEETLOG_AGENT_SPOOL_FSYNC: expected bool"),
+        # the server's source rule: a name it would refuse on every push stops the agent at start-up
+        (["tail", *BASE, "--tail", 'nvidia"smi=/var/log/smi.log'], {}, "--tail: must not contain"),
+        (["tail", *BASE, "--tail", "c:\\logs\\=/var/log/x.log"], {}, "--tail: must not contain"),
+        (["run", *BASE, "--source=-rf", "--", "true"], {}, "--source: must not start with '-'"),
+        (["run", *BASE, "--source", "x" * 129, "--", "true"], {}, "--source: must be at most 128 characters"),
     ],
 )
 def test_a_bad_setting_stops_the_agent_naming_it(argv, env, message):

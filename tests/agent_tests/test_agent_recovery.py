@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
 from agentlib import SCRIPTS, Api, assert_exactly_once, wait_until
+from tests.conftest import kill_group
 
 
 def slow_bench_lines(n: int) -> tuple[list[str], list[str]]:
@@ -78,3 +81,53 @@ def test_log_rotated_while_written_loses_no_line(tmp_path, server_process, agent
     done = agent("run", server.url, "C.8", "--tail", f"cuzk={log}", "--rotate-wait", "0.5", command=[SCRIPTS / "daemon_rotating.sh", log, mode, 4, 300]).run()
     assert done.returncode == 0, done.stderr
     assert_exactly_once(Api(server.url), "C.8", "cuzk", (tmp_path / "cuzk.log.truth").read_text().splitlines())
+
+
+RATE_LINE = "Benchmark result: 45.7 proofs/hour"
+
+
+def _run_dir(spool: Path) -> Path:
+    (run_dir,) = (spool / "runs").iterdir()
+    return run_dir
+
+
+@pytest.mark.parametrize("when", ["running", "exited", "reaper_lost"])
+def test_agent_killed_after_the_rate_line_reports_the_rate_after_a_restart(tmp_path, server_process, agent, when):
+    """Issue 21.1: the rate line was read (and stored) before the kill; the restarted agent reads on
+    from the saved offsets and must still report it, with the command's real exit (or none at all)."""
+    server = server_process().start()
+    api = Api(server.url)
+    go = tmp_path / "go"
+    run = agent("run", server.url, "C.45", "--gpu-interval-s", "0", command=[SCRIPTS / "bench_rate_then_wait.sh", go])
+    first = run.start()
+    try:
+        wait_until(lambda: RATE_LINE in [line for _r, _s, line in api.lines("C.45", "benchout")], what="the rate line to be stored")
+        kill_group(first)  # SIGKILL: the benchmark lives on under its reaper, in a process group of its own
+        run_dir = _run_dir(run.spool)
+        if when == "reaper_lost":  # the reaper dies too: nobody can know how the benchmark ended
+            os.kill(int((run_dir / "status.reaper").read_text()), signal.SIGKILL)
+        go.touch()
+        if when == "exited":
+            wait_until(lambda: (run_dir / "status").exists(), what="the benchmark to exit")
+        elif when == "reaper_lost":
+            wait_until(lambda: "benchmark.sh: done" in (run_dir / "stdout").read_text(), what="the benchmark's last line")
+        again = run.run(timeout_s=60)
+    finally:
+        go.touch()
+    assert "resuming run" in again.stderr
+    assert_exactly_once(api, "C.45", "benchout", [
+        "proof 1/2 done in 78.4 s", "proof 2/2 done in 79.1 s", "warning: GPU temperature 81C", RATE_LINE, "benchmark.sh: done",
+    ])
+    (bench_done,) = api.events("C.45", "bench_done")
+    assert bench_done["rate_per_hour"] == 45.7 and bench_done["rate_line"] == RATE_LINE
+    assert bench_done["failure_excerpt"] == "== last lines of stderr ==\nwarning: GPU temperature 81C"  # read before the kill
+    detail = api.instance("C.45")
+    assert len(detail["bench_runs"]) == 1, detail["bench_runs"]
+    assert detail["bench"]["rate_per_hour"] == 45.7
+    if when == "reaper_lost":
+        assert again.returncode == 1
+        assert "exit_code" not in bench_done and "exit status was lost" in bench_done["error"]
+    else:
+        assert again.returncode == 0, again.stderr
+        assert bench_done["exit_code"] == 0 and detail["bench"]["exit_code"] == 0
+        assert detail["outcome"] == "passed", detail["bench"]
