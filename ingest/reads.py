@@ -66,7 +66,7 @@ SELECT i.instance_id, coalesce(s.state, 'unknown') AS state, s.state_since, i.ma
        -- the failed phase's class and line (a failed fetch has no run), else the latest run's
        coalesce(p.failure_class, b.failure_class) AS failure_class,
        coalesce(p.failure_line, b.failure_line) AS failure_line, p.outcome, p.failed_phase,
-       p.outcome IN ('params_failed', 'failed', 'hung', 'below_min_rate') AS failing
+       coalesce(p.failing, false) AS failing  -- the destroy rule's set (instance_phase, migration 013)
 FROM instances i
 LEFT JOIN instance_state s USING (instance_id)
 LEFT JOIN (  -- the latest run, finished or not (bench_outcomes, migration 005)

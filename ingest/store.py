@@ -277,7 +277,8 @@ _RUN_SCHEMA = pa.schema(
         ("instance_id", pa.string()), ("started_at", pa.timestamp("us")), ("proofs", pa.int32()),
         ("concurrency", pa.int32()), ("partition_workers", pa.int32()), ("done_at", pa.timestamp("us")),
         ("exit_code", pa.int32()), ("rate_per_hour", pa.float64()), ("duration_s", pa.float64()),
-        ("proofs_ok", pa.int32()), ("failure_excerpt", pa.string()),
+        ("proofs_ok", pa.int32()), ("failure_excerpt", pa.string()), ("run_id", pa.string()),
+        ("started_received_at", pa.timestamp("us")), ("done_received_at", pa.timestamp("us")),
     ]
 )
 _DONE_FIELDS = ("exit_code", "rate_per_hour", "duration_s", "proofs_ok", "failure_excerpt")
@@ -315,7 +316,7 @@ def _write_events(con: duckdb.DuckDBPyConnection, events: list[Event], received_
     fresh = [(e.instance_id, e.kind, e.ts_us) in new_keys for e in events]
     new_events = [e for e, is_new in zip(events, fresh) if is_new]
     _apply_registered(con, [e for e in new_events if e.kind == "registered"])
-    _apply_bench(con, [e for e in new_events if e.kind in ("bench_started", "bench_done")])
+    _apply_bench(con, [e for e in new_events if e.kind in ("bench_started", "bench_done")], received_us)
     return fresh
 
 
@@ -343,7 +344,14 @@ def _apply_registered(con: duckdb.DuckDBPyConnection, events: list[Event]) -> No
         con.unregister("_registered")
 
 
-def _apply_bench(con: duckdb.DuckDBPyConnection, events: list[Event]) -> None:
+def _run_id(body: dict) -> str | None:
+    run_id = body.get("run_id")
+    return run_id if isinstance(run_id, str) else None
+
+
+def _apply_bench(con: duckdb.DuckDBPyConnection, events: list[Event], received_us: int) -> None:
+    """Open and close bench runs. A run keeps the agent's times (started_at, done_at: for display)
+    and the server's (started_received_at, done_received_at: what every wait is measured by)."""
     if not events:
         return
     ids = sorted({e.instance_id for e in events if e.kind == "bench_done"})
@@ -363,11 +371,14 @@ def _apply_bench(con: duckdb.DuckDBPyConnection, events: list[Event]) -> None:
         body = event.body
         if event.kind == "bench_started":
             run = {"instance_id": event.instance_id, "started_at": event.ts_us, "proofs": body.get("proofs"),
-                   "concurrency": body.get("concurrency"), "partition_workers": body.get("partition_workers")}
+                   "concurrency": body.get("concurrency"), "partition_workers": body.get("partition_workers"),
+                   "run_id": _run_id(body), "started_received_at": received_us}
             new_runs.append(run)
             open_runs.setdefault(event.instance_id, []).append([event.ts_us, None, run])
             continue
-        done = {"done_at": event.ts_us, **{name: body.get(name) for name in _DONE_FIELDS}}
+        done = {"done_at": event.ts_us, "done_received_at": received_us, **{name: body.get(name) for name in _DONE_FIELDS}}
+        if _run_id(body):
+            done["run_id"] = _run_id(body)
         candidates = [r for r in open_runs.get(event.instance_id, ()) if r[0] <= event.ts_us]
         if not candidates:
             new_runs.append({"instance_id": event.instance_id, **done})
@@ -388,10 +399,11 @@ def _apply_bench(con: duckdb.DuckDBPyConnection, events: list[Event]) -> None:
         finally:
             con.unregister("_new_runs")
     if closed:
-        schema = pa.schema([("row", pa.int64())] + [f for f in _RUN_SCHEMA if f.name == "done_at" or f.name in _DONE_FIELDS])
+        closing = ("done_at", "done_received_at", *_DONE_FIELDS)
+        schema = pa.schema([("row", pa.int64())] + [f for f in _RUN_SCHEMA if f.name in closing or f.name == "run_id"])
         con.register("_closed", pa.Table.from_pylist([{"row": rowid, **done} for rowid, done in closed], schema=schema))
         try:
-            sets = ", ".join(f"{name} = c.{name}" for name in ("done_at", *_DONE_FIELDS))
+            sets = ", ".join([f"{name} = c.{name}" for name in closing] + ["run_id = coalesce(c.run_id, bench_runs.run_id)"])
             con.execute(f"UPDATE bench_runs SET {sets} FROM _closed c WHERE bench_runs.rowid = c.row")
         finally:
             con.unregister("_closed")

@@ -101,6 +101,8 @@ async def hung_instance(client, instance_id: str, machine_id: int, *, started: d
         {"instance_id": instance_id, "kind": "bench_started", "ts": iso(started), "proofs": 12, "concurrency": 3,
          "partition_workers": 16},
     ])
+    # hung is measured by the server's clock (migration 013): the server heard of the start back then too
+    rows(client, "UPDATE bench_runs SET started_received_at = started_at WHERE instance_id = ?", [instance_id])
 
 
 async def demo_fleet(client, done: dt.datetime) -> None:

@@ -115,7 +115,7 @@ async def test_api_gauges_and_sql_agree_on_the_demo_fleet(aiohttp_client, policy
     destroys = dict(rows(client, "SELECT subject, evidence->>'waited_for' FROM decisions WHERE action = 'destroy'"))
     assert destroys == {"C.32733029": "logs_complete", "C.12": "logs_complete", "C.params": "logs_complete",
                         "C.hung": "grace_period"}
-    later = await run_policies(client, now=done + dt.timedelta(seconds=policy_settings.destroy_grace_s + 1))
+    later = await run_policies(client, now=utcnow() + dt.timedelta(seconds=policy_settings.destroy_grace_s + 1))
     assert rows(client, "SELECT subject, evidence->>'waited_for' FROM decisions WHERE id = ?", later.new_decisions[:1]) == [
         ("C.drop", "grace_period")]
 

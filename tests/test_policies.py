@@ -61,7 +61,9 @@ async def test_destroy_waits_for_grace_when_logs_never_complete(aiohttp_client, 
     await incident(client, done, logs_complete=False)
     await run_policies(client)
     assert rows(client, "SELECT count(*) FROM decisions WHERE action = 'destroy'") == [(0,)]
-    await run_policies(client, now=done + dt.timedelta(seconds=601))
+    await run_policies(client, now=done + dt.timedelta(seconds=601))  # by the agent's clock: not yet
+    assert rows(client, "SELECT count(*) FROM decisions WHERE action = 'destroy'") == [(0,)]
+    await run_policies(client, now=utcnow() + dt.timedelta(seconds=601))  # since the server stored it
     [(evidence,)] = rows(client, "SELECT evidence FROM decisions WHERE action = 'destroy'")
     assert orjson.loads(evidence)["waited_for"] == "grace_period"
 

@@ -1,17 +1,19 @@
 -- rule: destroy_below_min_rate
 -- decides: destroy an instance whose latest step failed (instance_phase: a failed parameter fetch, a
 --   failed or hung benchmark) or whose latest benchmark ran below min_rate, but only once its evidence
---   is safe: its logs are complete (instance_logs), or $destroy_grace_s seconds have passed since the
---   outcome was known. Killed instances are left alone, and so are those the shared enrollment token
+--   is safe: the logs of the phase it was judged on are complete (instance_phase.evidence_complete: the
+--   benchmark run's own streams, not the daemons' that a slow instance goes on to run), or
+--   $destroy_grace_s seconds have passed since the server knew the outcome (known_at: the server's
+--   clock, never the agent's). Killed instances (ever) are left alone, and so are those the shared enrollment token
 --   enrolled undeclared (unvouched_instances: nobody the operator trusts stood behind them).
 --   Re-checked right before it is carried out.
 -- params: $destroy_grace_s (seconds), $now (timestamp)
 -- output: decisions (subject = instance_id, action = destroy)
 WITH doomed AS MATERIALIZED (
     SELECT * FROM instance_phase
-    WHERE phase <> 'killed' AND outcome IN ('params_failed', 'failed', 'hung', 'below_min_rate')
+    WHERE NOT killed AND failing
       AND instance_id NOT IN (SELECT instance_id FROM unvouched_instances)
-      AND (logs_complete OR outcome_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP)
+      AND (evidence_complete OR known_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP)
 ),
 streams AS (
     SELECT s.instance_id,
@@ -35,11 +37,13 @@ SELECT d.instance_id AS subject,
                    'rate_per_hour', CASE WHEN d.rate_measured THEN d.rate_per_hour END, 'min_rate', d.min_rate,
                    'proofs', d.proofs, 'duration_s', d.duration_s, 'failure_class', d.failure_class,
                    'failure_line', d.failure_line, 'failure_excerpt', d.failure_excerpt, 'done_at', d.outcome_at,
-                   'logs_complete', d.logs_complete, 'logs', s.sources,
-                   'waited_for', CASE WHEN d.logs_complete THEN 'logs_complete' ELSE 'grace_period' END)
+                   'known_at', d.known_at, 'logs_complete', d.evidence_complete, 'logs', s.sources,
+                   'gpu', json_object('state', g.gpu_state, 'reason', g.gpu_state_reason, 'last_minute', g.last_minute),
+                   'waited_for', CASE WHEN d.evidence_complete THEN 'logs_complete' ELSE 'grace_period' END)
            AS evidence,
        strftime(d.outcome_at, '%Y-%m-%dT%H:%M:%S.%fZ') AS episode,
        NULL::TIMESTAMP AS expires_at
 FROM doomed d
 LEFT JOIN streams s USING (instance_id)
+LEFT JOIN run_gpu g ON g.instance_id = d.instance_id AND g.outcome_at = d.outcome_at AND d.failed_phase IS DISTINCT FROM 'params'
 ORDER BY d.outcome_at, d.instance_id
