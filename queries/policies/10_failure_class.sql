@@ -13,7 +13,9 @@
 -- (bench_runs.class_scanned_to) and the priority of its best match (class_priority), so a cycle
 -- matches only the lines received since, and returns only the runs whose class may have changed
 -- (first seen, new evidence, or final now). The patterns are literals: compiled once per query.
-WITH failed AS MATERIALIZED (
+-- At most 32 runs are classed for the first time in one cycle (the oldest first), so that a backlog
+-- (say, of runs classed before this rule was incremental) is worked off over cycles that each finish.
+WITH pending AS (
     SELECT b.instance_id, b.done_at, b.exit_code, b.failure_excerpt,
            json_extract_string(e.body, '$.signal') AS signal,
            coalesce(json_extract_string(e.body, '$.timeout') = 'true', false) AS timed_out,
@@ -21,12 +23,16 @@ WITH failed AS MATERIALIZED (
            coalesce(l.complete, false) OR b.done_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP AS final,
            r.class_scanned_to AS scanned_to, r.class_priority AS held_priority,
            CASE WHEN r.class_priority IS NOT NULL THEN r.failure_line END AS held_line,
-           e.received_at AS done_received_at
+           e.received_at AS done_received_at,
+           row_number() OVER (PARTITION BY r.class_scanned_to IS NULL ORDER BY b.done_at, b.instance_id) AS nth
     FROM bench_outcomes b
     JOIN bench_runs r ON r.instance_id = b.instance_id AND r.done_at = b.done_at
     LEFT JOIN events e ON e.instance_id = b.instance_id AND e.kind = 'bench_done' AND e.ts = b.done_at
     LEFT JOIN instance_logs l ON l.instance_id = b.instance_id
     WHERE b.outcome = 'failed' AND NOT coalesce(b.class_final, false)
+),
+failed AS MATERIALIZED (
+    SELECT * FROM pending WHERE scanned_to IS NOT NULL OR nth <= 32
 ),
 new_logs AS MATERIALIZED (
     -- every line of a failed instance received since its run was last classed; a candidate if it was
