@@ -199,6 +199,7 @@ class PolicyEngine:
         self._lock = asyncio.Lock()  # one cycle at a time: the timer and an operator's run never overlap
         self.notifier = Notifier(notify_webhook_url, notify_timeout_s, metrics.registry)
         self.failing: dict[str, str] = {}  # rule -> why its last evaluation in a cycle failed
+        self._check: _Recheck | None = None  # the re-check of the run carrying decisions out
         for rule in rules:  # the series exist at 0 from start-up, so that the first failure alerts
             metrics.policy_rule_failing.labels(rule=rule.name).set(0)
             for reason in ("timeout", "error"):
@@ -325,11 +326,18 @@ class PolicyEngine:
         return dict(self.failing)
 
     async def _carry_out(self, report: CycleReport, now: dt.datetime,
-                         evaluated: tuple[float, list[tuple[Rule, tuple]]]) -> None:
+                         evaluated: tuple[float, list[tuple[Rule, tuple]]] | None = None) -> None:
         """``evaluated``: (when, what) of this run's evaluation of every rule, the first re-check."""
         proposed = await asyncio.to_thread(self._proposed)
-        check = _Recheck(self, {d["rule"] for d in proposed}, now)
-        check.seed(*evaluated, dict(report.rule_errors))
+        self._check = _Recheck(self, {d["rule"] for d in proposed}, now)
+        if evaluated is not None:
+            self._check.seed(*evaluated, dict(report.rule_errors))
+        try:
+            await self._carry_out_proposed(proposed, report)
+        finally:
+            self._check = None
+
+    async def _carry_out_proposed(self, proposed: list[dict[str, Any]], report: CycleReport) -> None:
         destroys = [d for d in proposed if d["action"] == "destroy"]
         calls = 0
         for i, decision in enumerate(destroys):  # waiting longest first
@@ -339,9 +347,9 @@ class PolicyEngine:
                 logger.warning("%d destroys proposed, %d actuator calls made (destroy_cap_per_cycle); %d wait for the next run",
                                len(destroys), calls, report.capped)
                 break
-            calls += await self._destroy(decision, report, check)
+            calls += await self._destroy(decision, report)
         for decision in (d for d in proposed if d["action"] == "delete_logs"):
-            if not await self._still_selected(decision, report, check):
+            if not await self._still_selected(decision, report):
                 continue
             instance_id = decision["subject"]
 
@@ -359,14 +367,14 @@ class PolicyEngine:
         Lake mode carries it out in its delete window instead (ingest/lake.py, wired by ingest/core.py)."""
         await self.writer.execute(lambda con: _delete_logs(con, instance_id), kind="policy", after_commit=after_commit)
 
-    async def _destroy(self, decision: dict[str, Any], report: CycleReport, check: "_Recheck") -> bool:
+    async def _destroy(self, decision: dict[str, Any], report: CycleReport) -> bool:
         """Carry out one proposed destroy; True when the actuator was called (what the cap counts)."""
         state = await asyncio.to_thread(self._instance_state, decision["subject"])
         if state == "killed":
             await self._settle(decision, "skipped", "instance already killed")
             report.skipped.append(decision["id"])
             return False
-        current = await self._still_selected(decision, report, check)
+        current = await self._still_selected(decision, report)
         if current is None:
             return False
         decision["reason"], decision["evidence"] = current  # carried out with what holds now
@@ -391,12 +399,13 @@ class PolicyEngine:
         logger.warning("destroyed %s (%s): %s", decision["subject"], decision["reason"], confirmation)
         return True
 
-    async def _still_selected(self, decision: dict[str, Any], report: CycleReport,
-                              check: "_Recheck") -> tuple[str, Any] | None:
+    async def _still_selected(self, decision: dict[str, Any], report: CycleReport) -> tuple[str, Any] | None:
         """The decision's (reason, evidence) now, if its rule still selects its subject; otherwise the
         decision is settled as superseded (never carried out on stale evidence) and this is None (also
         when its rule could not be evaluated: then it stays proposed)."""
-        current = await check.current(decision, report.rule_errors)
+        current = await asyncio.to_thread(self._recheck, decision, self._check.now if self._check else utcnow())
+        if self._check is not None:
+            report.rule_errors.update(self._check.failed)
         if current is _UNKNOWN:
             report.deferred.append(decision["id"])
             logger.warning("%s of %s deferred: rule %s could not be evaluated again (%s)", decision["action"],
@@ -435,6 +444,13 @@ class PolicyEngine:
         await self.writer.execute(update, kind="policy")
         if state in ("executed", "failed", "superseded"):
             self.notifier.send(state, {**decision, "state": state, "note": note})
+
+    def _recheck(self, decision: dict[str, Any], now: dt.datetime) -> Any:
+        """(In a worker thread.) The (reason, evidence) with which the decision's rule selects its
+        subject for its action now, None when it no longer does, _UNKNOWN when its rule failed; from
+        the run's shared re-check (_Recheck)."""
+        check = self._check or _Recheck(self, {decision["rule"]}, now)
+        return check.current(decision)
 
     def _selected(self, names: set[str], now: dt.datetime) -> tuple[list[tuple[Rule, tuple]], dict[str, str]]:
         """Evaluate the rules ``names`` need on current data: what they decide, and which failed."""
@@ -568,14 +584,14 @@ class _Recheck:
         for rule, (subject, action, reason, evidence, _episode, _expires_at) in decided:
             self.selected.setdefault((rule.name, str(subject), action), (reason, orjson.loads(evidence)))
 
-    async def current(self, decision: dict[str, Any], errors: dict[str, str]) -> Any:
-        """The (reason, evidence) with which the decision's rule selects its subject for its action now,
-        None when it no longer does, _UNKNOWN when its rule failed (a timeout is no evidence either way)."""
+    def current(self, decision: dict[str, Any]) -> Any:
+        """(In a worker thread.) The (reason, evidence) with which the decision's rule selects its subject
+        for its action now, None when it no longer does, _UNKNOWN when its rule failed (a timeout is no
+        evidence either way)."""
         if self.at is None or time.monotonic() - self.at > RECHECK_MAX_AGE_S:
             at = time.monotonic()
-            decided, failed = await asyncio.to_thread(self.engine._selected, self.names, self.now)
+            decided, failed = self.engine._selected(self.names, self.now)
             self.seed(at, decided, failed)
-            errors.update(failed)
         if decision["rule"] in self.failed:
             return _UNKNOWN
         return self.selected.get((decision["rule"], decision["subject"], decision["action"]))
