@@ -222,6 +222,8 @@ def print_report(report: dict, decisions: list[dict], fmt: str) -> None:
         sys.stdout.write(f"policy run, {mode}: {report.get('classified', 0)} failures classified, "
                          f"{len(report.get('new_decisions', []))} new decisions, {len(report.get('executed', []))} "
                          f"carried out, {len(report.get('failed', []))} failed, {report.get('capped', 0)} capped\n")
+    for rule, why in report.get("rule_errors", {}).items():
+        sys.stderr.write(f"policy rule {rule} failed: {why} (its decisions were not made; the other rules ran)\n")
     if fmt == "json":
         sys.stdout.write(orjson.dumps({**report, "decisions": rows}, default=str).decode() + "\n")
     elif rows or fmt == "csv":

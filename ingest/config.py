@@ -52,7 +52,9 @@ class Settings:
     batch_max_delay_s: float = _setting(0.002, "the writer waits at most this long for more requests before committing", minimum=0)
     queue_max_rows: int = _setting(500_000, "rows waiting for the writer before pushes are refused with 503", minimum=1)
     retry_after_s: int = _setting(1, "Retry-After sent with 503 when the writer queue is full", minimum=0)
-    query_timeout_s: float = _setting(10.0, "a read or SQL API query is interrupted after this long", minimum=0.01)
+    query_timeout_s: float = _setting(
+        10.0, "a read or SQL API query, or one policy rule, is interrupted after this long", minimum=0.01
+    )
     query_max_rows: int = _setting(10_000, "the SQL API returns at most this many rows", minimum=1)
     tail_cache_lines: int = _setting(1000, "most recent lines kept in memory per (instance, source) for fast tails", minimum=0)
     tail_cache_max_streams: int = _setting(2000, "streams kept in the tail cache (least recently used leave first)", minimum=0)
@@ -87,7 +89,9 @@ class Settings:
     )
     policy_execute: bool = _setting(False, "carry out decisions (destroy, delete logs); without it policies only propose")
     destroy_grace_s: float = _setting(600.0, "a destroy waits for logs_complete, or this long after the benchmark ended", minimum=0)
-    destroy_cap_per_cycle: int = _setting(3, "most destroys carried out in one policy run (the rest wait)", minimum=0)
+    destroy_cap_per_cycle: int = _setting(
+        3, "most actuator calls for destroys in one policy run (the longest waiting first; the rest wait)", minimum=0
+    )
     bad_host_ttl_s: float = _setting(7 * 86400.0, "how long a rule's exclusion of a machine lasts", minimum=0)
     stale_ttl_s: float = _setting(3600.0, "an instance silent this long is marked stale", minimum=0)
     retention_s: float = _setting(30 * 86400.0, "logs and metrics of a stale instance are deleted this long after", minimum=0)

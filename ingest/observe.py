@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -67,6 +67,26 @@ class IngestMetrics:
         )
         self.policy_seconds = Histogram(
             "fleetlog_policy_run_seconds", "Time of one policy run", registry=registry
+        )
+        self.policy_rule_seconds = Histogram(
+            "fleetlog_policy_rule_seconds", "Time of one policy rule's evaluation, by rule", ["rule"], registry=registry
+        )
+        self.policy_rule_errors = Counter(
+            "fleetlog_policy_rule_errors_total",
+            "Policy rule evaluations that failed, by rule and reason (timeout: past query_timeout_s; error)",
+            ["rule", "reason"], registry=registry,
+        )
+        self.policy_rule_failing = Gauge(
+            "fleetlog_policy_rule_failing", "1 while a rule's last evaluation in a policy run failed", ["rule"],
+            registry=registry,
+        )
+        self.policy_class_lines = Counter(
+            "fleetlog_policy_class_lines_scanned_total", "Lines the failure_class rule matched against its patterns",
+            registry=registry,
+        )
+        self.policy_destroy_delay = Histogram(
+            "fleetlog_policy_destroy_delay_seconds", "From a destroy's decision to the actuator call that carried it out",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800), registry=registry,
         )
         self.client_disconnects = Counter(
             "fleetlog_http_client_disconnects", "Requests whose client went away before its body arrived", registry=registry

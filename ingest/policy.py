@@ -5,9 +5,11 @@ A rule file opens with a comment header (``-- rule:``, ``-- decides:``/``-- answ
 each result becomes a temporary table named after the rule, so later rules can read earlier ones.
 Outputs:
 
-- ``classify``: (instance_id, done_at, failure_class, failure_line, final) rows, stored on bench_runs
-  before the other rules run; a class is rewritten on every run until it is final (a class follows
-  its evidence);
+- ``classify``: (instance_id, done_at, failure_class, failure_line, final[, class_priority,
+  class_scanned_to, scanned_lines]) rows, stored on bench_runs before the other rules run; a class is
+  rewritten until it is final (a class follows its evidence). The rule returns only the runs whose
+  class may have changed and matches only the evidence received since a run was last classed (its
+  progress, class_scanned_to and class_priority, kept on bench_runs), so a cycle costs what changed;
 - ``table``: kept for later rules (and read by the hosts API);
 - ``decisions``: (subject, action, reason, evidence, episode, expires_at) rows, stored once per
   (rule, subject, episode) in ``decisions``; while a decision is proposed (or is a verdict fleetlog
@@ -18,13 +20,24 @@ The rules read the views of migration 005 (log_streams, instance_logs, bench_out
 instance_phase, failures), the one definition of "logs complete", "failed" and "hung"; the values
 those views compare against (min_rate, bench_timeout_s) are written by ``store_settings`` at start-up.
 
+Each rule runs under its own deadline (``query_timeout_s``; the cycle's budget is the sum): a rule
+that times out or fails is counted (``fleetlog_policy_rule_errors_total{rule,reason}``), shown as
+failing (``fleetlog_policy_rule_failing{rule}``, ``/readyz``'s ``policy.failing_rules``) until it
+succeeds again, and the other rules still run (a later rule that reads its table fails with it).
+
 Verdicts that only fleetlog acts on (``exclude_host``, ``mark_stale``) are recorded as executed.
 ``destroy`` and ``delete_logs`` stay ``proposed`` until a run with ``execute``: then at most
-``destroy_cap_per_cycle`` destroys go to the actuator; a failed one is retried on later runs until
-``actuator_retries`` attempts, then marked ``failed``. Right before a destroy or a delete_logs is carried
+``destroy_cap_per_cycle`` actuator calls are made, for the destroys waiting longest first (since their
+decision, or since their last failed attempt: a failing one goes to the back of the queue, so it
+never holds the others up); a failed one is retried on later runs until ``actuator_retries`` attempts,
+then marked ``failed``. Right before a destroy or a delete_logs is carried
 out its rule is evaluated again on current data: if it no longer selects the subject, the decision becomes
 ``superseded`` and is never executed. A decision proposed, superseded, executed or failed is sent to
 the notifier (``notify_webhook_url``). Everything is written through the writer.
+
+The record's times are the real clock's, whatever ``now`` the rules are given: ``decided_at`` once
+the rules that decided have run (after any evidence they read was stored), ``attempted_at`` and
+``executed_at`` when the actuator call began, ``settled_at`` when the final state was recorded.
 """
 
 from __future__ import annotations
@@ -35,6 +48,7 @@ import datetime as dt
 import hashlib
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,13 +148,16 @@ def store_settings(con: duckdb.DuckDBPyConnection, params: PolicyParams) -> None
 class CycleReport:
     execute: bool
     classified: int = 0
+    class_lines_scanned: int = 0
     new_decisions: list[int] = field(default_factory=list)
     updated: list[int] = field(default_factory=list)
     superseded: list[int] = field(default_factory=list)
     executed: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
+    deferred: list[int] = field(default_factory=list)  # not re-checked (its rule failed): left proposed
     capped: int = 0
+    rule_errors: dict[str, str] = field(default_factory=dict)  # rule -> "timeout: ..." or "error: ..."
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -181,6 +198,12 @@ class PolicyEngine:
         self.timeout_s = query_timeout_s
         self._lock = asyncio.Lock()  # one cycle at a time: the timer and an operator's run never overlap
         self.notifier = Notifier(notify_webhook_url, notify_timeout_s, metrics.registry)
+        self.failing: dict[str, str] = {}  # rule -> why its last evaluation in a cycle failed
+        self._check: _Recheck | None = None  # the re-check of the run carrying decisions out
+        for rule in rules:  # the series exist at 0 from start-up, so that the first failure alerts
+            metrics.policy_rule_failing.labels(rule=rule.name).set(0)
+            for reason in ("timeout", "error"):
+                metrics.policy_rule_errors.labels(rule=rule.name, reason=reason)
 
     # -- one cycle -------------------------------------------------------------------------------
     async def run_cycle(self, execute: bool, now: dt.datetime | None = None) -> CycleReport:
@@ -192,60 +215,141 @@ class PolicyEngine:
                 params = self.params.values(now)
                 for rule in self.rules:
                     if rule.output == "classify":
-                        rows = await asyncio.to_thread(self._select, rule, params)
+                        rows = await asyncio.to_thread(self._classify, rule, params, report.rule_errors)
                         if rows:
-                            await self.writer.execute(lambda con, rows=rows: _store_classes(con, rows, now), kind="policy")
+                            classified_at = utcnow()
+                            await self.writer.execute(lambda con, rows=rows: _store_classes(con, rows, classified_at),
+                                                      kind="policy")
                         report.classified += len(rows)
-                decided = await asyncio.to_thread(self._evaluate, params)
+                        scanned = sum(row[7] or 0 for row in rows if len(row) > 7)
+                        report.class_lines_scanned += scanned
+                        self.metrics.policy_class_lines.inc(scanned)
+                evaluated_at = time.monotonic()
+                decided = await asyncio.to_thread(self._evaluate, params, report.rule_errors)
+                self._note_health(report.rule_errors)
+                decided_at = utcnow()  # the rules have run: whatever they read was stored before this
                 report.new_decisions, report.updated = await self.writer.execute(
-                    lambda con: _store_decisions(con, decided, now), kind="policy"
+                    lambda con: _store_decisions(con, decided, decided_at), kind="policy"
                 )
                 if report.new_decisions and self.notifier.enabled:
                     for decision in await asyncio.to_thread(self._decisions, report.new_decisions):
                         self.notifier.send(decision["state"], decision)
                 if execute:
-                    await self._carry_out(report, now)
+                    await self._carry_out(report, now, (evaluated_at, decided))
             except Exception:
                 self.metrics.policy_runs.labels(result="error").inc()
                 raise
-            self.metrics.policy_runs.labels(result="ok").inc()
+            self.metrics.policy_runs.labels(result="partial" if report.rule_errors else "ok").inc()
             self.metrics.policy_seconds.observe(time.perf_counter() - started)
-            if report.new_decisions or report.executed or report.failed or report.superseded:
+            if report.new_decisions or report.executed or report.failed or report.superseded or report.rule_errors:
                 logger.info("policy run: %s", report.as_dict())
             return report
 
-    def _select(self, rule: Rule, params: dict[str, Any]) -> list[tuple]:
-        with deadline_cursor(self.con, self.timeout_s) as cur:
-            return cur.execute(rule.sql, {p: params[p] for p in rule.params}).fetchall()
+    def _run_rule(self, rule: Rule, cur: duckdb.DuckDBPyConnection, run: Callable[[], Any],
+                  errors: dict[str, str]) -> Any:
+        """``run()`` under the rule's own deadline; a timeout or a failure is counted, noted in
+        ``errors`` and returns None (the other rules go on). Storage failures end the cycle."""
+        started = time.perf_counter()
+        timer = threading.Timer(self.timeout_s, cur.interrupt)
+        timer.start()
+        try:
+            return run()
+        except duckdb.InterruptException:
+            reason, message = "timeout", f"interrupted after {self.timeout_s} s (query_timeout_s)"
+        except (duckdb.FatalException, duckdb.IOException):
+            raise
+        except duckdb.Error as e:
+            reason, message = "error", str(e).splitlines()[0][:300]
+        finally:
+            timer.cancel()
+            self.metrics.policy_rule_seconds.labels(rule=rule.name).observe(time.perf_counter() - started)
+        self.metrics.policy_rule_errors.labels(rule=rule.name, reason=reason).inc()
+        errors[rule.name] = f"{reason}: {message}"
+        logger.error("policy rule %s failed (%s): %s; the other rules still run", rule.name, reason, message)
+        return None
 
-    def _evaluate(self, params: dict[str, Any], through: str | None = None) -> list[tuple[Rule, tuple]]:
-        """Run the rules in order (``through``: stop after that one; later rules cannot change it)."""
+    def _budget_s(self) -> float:
+        """The deadline of a whole evaluation: every rule's own, together."""
+        return self.timeout_s * (len(self.rules) + 1)
+
+    def _classify(self, rule: Rule, params: dict[str, Any], errors: dict[str, str]) -> list[tuple]:
+        with deadline_cursor(self.con, self._budget_s()) as cur:
+            rows = self._run_rule(rule, cur, lambda: cur.execute(rule.sql, {p: params[p] for p in rule.params}).fetchall(),
+                                  errors)
+        if rows is not None:
+            errors.pop(rule.name, None)
+        return rows or []
+
+    def _evaluate(self, params: dict[str, Any], errors: dict[str, str] | None = None,
+                  only: set[str] | None = None) -> list[tuple[Rule, tuple]]:
+        """Run the rules in order, each under its own deadline (``only``: those named, see _needed);
+        a rule that fails is noted in ``errors`` and decides nothing."""
+        errors = {} if errors is None else errors
         decided = []
-        with deadline_cursor(self.con, self.timeout_s) as cur:
+        with deadline_cursor(self.con, self._budget_s()) as cur:
             for rule in self.rules:
-                if rule.output == "classify":
+                if rule.output == "classify" or (only is not None and rule.name not in only):
                     continue
-                cur.execute(f'CREATE OR REPLACE TEMP TABLE "{rule.name}" AS {rule.sql}', {p: params[p] for p in rule.params})
-                if rule.output == "decisions":
-                    rows = cur.execute(
+
+                def run(rule: Rule = rule) -> list[tuple]:
+                    cur.execute(f'CREATE OR REPLACE TEMP TABLE "{rule.name}" AS {rule.sql}',
+                                {p: params[p] for p in rule.params})
+                    if rule.output != "decisions":
+                        return []
+                    return cur.execute(
                         f'SELECT subject, action, reason, evidence, episode, expires_at FROM "{rule.name}"'
                     ).fetchall()
+
+                rows = self._run_rule(rule, cur, run, errors)
+                if rows is not None:
+                    errors.pop(rule.name, None)
                     decided.extend((rule, row) for row in rows)
-                if rule.name == through:
-                    break
         return decided
 
-    async def _carry_out(self, report: CycleReport, now: dt.datetime) -> None:
+    def _needed(self, names: set[str]) -> set[str]:
+        """The rules named and the earlier ones whose tables they read (their name appears in the SQL),
+        transitively: what a re-check has to run (a later rule cannot change an earlier one)."""
+        needed = set(names)
+        for i in range(len(self.rules) - 1, -1, -1):
+            if self.rules[i].name in needed:
+                needed.update(r.name for r in self.rules[:i] if re.search(rf"\b{re.escape(r.name)}\b", self.rules[i].sql))
+        return needed
+
+    def _note_health(self, errors: dict[str, str]) -> None:
+        """After a cycle's evaluation: which rules are failing now (each rule ran once in it)."""
+        self.failing = dict(errors)
+        for rule in self.rules:
+            self.metrics.policy_rule_failing.labels(rule=rule.name).set(1 if rule.name in errors else 0)
+
+    def failing_rules(self) -> dict[str, str]:
+        """The rules whose last evaluation failed, and why (shown by /readyz)."""
+        return dict(self.failing)
+
+    async def _carry_out(self, report: CycleReport, now: dt.datetime,
+                         evaluated: tuple[float, list[tuple[Rule, tuple]]] | None = None) -> None:
+        """``evaluated``: (when, what) of this run's evaluation of every rule, the first re-check."""
         proposed = await asyncio.to_thread(self._proposed)
+        self._check = _Recheck(self, {d["rule"] for d in proposed}, now)
+        if evaluated is not None:
+            self._check.seed(*evaluated, dict(report.rule_errors))
+        try:
+            await self._carry_out_proposed(proposed, report)
+        finally:
+            self._check = None
+
+    async def _carry_out_proposed(self, proposed: list[dict[str, Any]], report: CycleReport) -> None:
         destroys = [d for d in proposed if d["action"] == "destroy"]
-        if len(destroys) > self.cap:
-            report.capped = len(destroys) - self.cap
-            self.metrics.policy_capped.inc(report.capped)
-            logger.warning("%d destroys proposed, carrying out %d (destroy_cap_per_cycle); the rest wait", len(destroys), self.cap)
-        for decision in destroys[: self.cap]:
-            await self._destroy(decision, report, now)
+        calls = 0
+        for i, decision in enumerate(destroys):  # waiting longest first
+            if calls >= self.cap:
+                report.capped = len(destroys) - i
+                self.metrics.policy_capped.inc(report.capped)
+                logger.warning("%d destroys proposed, %d actuator calls made (destroy_cap_per_cycle); %d wait for the next run",
+                               len(destroys), calls, report.capped)
+                break
+            calls += await self._destroy(decision, report)
         for decision in (d for d in proposed if d["action"] == "delete_logs"):
-            if not await self._still_selected(decision, report, now):
+            if not await self._still_selected(decision, report):
                 continue
             instance_id = decision["subject"]
 
@@ -253,8 +357,9 @@ class PolicyEngine:
                 self.index.forget(instance_id)
                 self.tail.forget(instance_id)
 
+            started_at = utcnow()
             await self.delete_logs(instance_id, forget)
-            await self._settle(decision, "executed", None, now)
+            await self._settle(decision, "executed", None, attempted_at=started_at)
             report.executed.append(decision["id"])
 
     async def delete_logs(self, instance_id: str, after_commit: Callable[[], None]) -> None:
@@ -262,75 +367,95 @@ class PolicyEngine:
         Lake mode carries it out in its delete window instead (ingest/lake.py, wired by ingest/core.py)."""
         await self.writer.execute(lambda con: _delete_logs(con, instance_id), kind="policy", after_commit=after_commit)
 
-    async def _destroy(self, decision: dict[str, Any], report: CycleReport, now: dt.datetime) -> None:
+    async def _destroy(self, decision: dict[str, Any], report: CycleReport) -> bool:
+        """Carry out one proposed destroy; True when the actuator was called (what the cap counts)."""
         state = await asyncio.to_thread(self._instance_state, decision["subject"])
         if state == "killed":
-            await self._settle(decision, "skipped", "instance already killed", now)
+            await self._settle(decision, "skipped", "instance already killed")
             report.skipped.append(decision["id"])
-            return
-        current = await self._still_selected(decision, report, now)
+            return False
+        current = await self._still_selected(decision, report)
         if current is None:
-            return
+            return False
         decision["reason"], decision["evidence"] = current  # carried out with what holds now
+        attempted_at = utcnow()
         try:
             confirmation = await self.actuator.carry_out(decision)
         except ActuationError as e:
             attempts = decision["attempts"] + 1
             final = attempts >= self.retries
             logger.error("destroy of %s failed (attempt %d of %d): %s", decision["subject"], attempts, self.retries, e)
-            await self._settle(decision, "failed" if final else "proposed", str(e), now)
+            await self._settle(decision, "failed" if final else "proposed", str(e), attempted_at=attempted_at)
             if final:
                 report.failed.append(decision["id"])
-            return
-        await self._settle(decision, "executed", confirmation, now)
+            return True
+        await self._settle(decision, "executed", confirmation, attempted_at=attempted_at)
+        self.metrics.policy_destroy_delay.observe(max(0.0, (attempted_at - decision["decided_at"]).total_seconds()))
         report.executed.append(decision["id"])
         killed = Event(decision["subject"], "killed", now_us(),
                        {"instance_id": decision["subject"], "kind": "killed", "by": "policy",
                         "decision_id": decision["id"], "actuator": self.actuator.name, "confirmation": confirmation})
         await self.writer.submit(events=[killed], kind="events")
         logger.warning("destroyed %s (%s): %s", decision["subject"], decision["reason"], confirmation)
+        return True
 
-    async def _still_selected(self, decision: dict[str, Any], report: CycleReport,
-                              now: dt.datetime) -> tuple[str, Any] | None:
+    async def _still_selected(self, decision: dict[str, Any], report: CycleReport) -> tuple[str, Any] | None:
         """The decision's (reason, evidence) now, if its rule still selects its subject; otherwise the
-        decision is settled as superseded (never carried out on stale evidence) and this is None."""
-        current = await asyncio.to_thread(self._recheck, decision, now)
+        decision is settled as superseded (never carried out on stale evidence) and this is None (also
+        when its rule could not be evaluated: then it stays proposed)."""
+        current = await asyncio.to_thread(self._recheck, decision, self._check.now if self._check else utcnow())
+        if self._check is not None:
+            report.rule_errors.update(self._check.failed)
+        if current is _UNKNOWN:
+            report.deferred.append(decision["id"])
+            logger.warning("%s of %s deferred: rule %s could not be evaluated again (%s)", decision["action"],
+                           decision["subject"], decision["rule"], report.rule_errors.get(decision["rule"]))
+            return None
         if current is None:
-            await self._settle(decision, "superseded", f"rule {decision['rule']} no longer selects {decision['subject']}", now)
+            await self._settle(decision, "superseded", f"rule {decision['rule']} no longer selects {decision['subject']}")
             report.superseded.append(decision["id"])
             logger.warning("%s of %s superseded: rule %s no longer selects it (%s)", decision["action"],
                            decision["subject"], decision["rule"], decision["reason"])
         return current
 
-    async def _settle(self, decision: dict[str, Any], state: str, note: str | None, now: dt.datetime) -> None:
+    async def _settle(self, decision: dict[str, Any], state: str, note: str | None,
+                      attempted_at: dt.datetime | None = None) -> None:
         """Record what became of a decision; ``note`` is the error of a failed attempt, or why it was
-        superseded (stored as last_error); an executed one keeps the evidence it was carried out with."""
+        superseded (stored as last_error); an executed one keeps the evidence it was carried out with.
+        ``attempted_at``: when the actuator call began (the executed_at of a success); settled_at is
+        now, for every state but a retry (back to proposed)."""
         self.metrics.policy_decisions.labels(action=decision["action"], state=state).inc()
         error = None if state == "executed" else note
         evidence = orjson.dumps(decision["evidence"], default=str).decode()
+        settled_at = None if state == "proposed" else utcnow()
 
         def update(con: duckdb.DuckDBPyConnection) -> None:
             con.execute(
                 """UPDATE decisions SET state = ?, attempts = attempts + ?, last_error = ?,
+                   attempted_at = coalesce(?::TIMESTAMP, attempted_at),
                    executed_at = CASE WHEN ? = 'executed' THEN ?::TIMESTAMP ELSE executed_at END,
+                   settled_at = ?::TIMESTAMP,
                    reason = CASE WHEN ? = 'executed' THEN ? ELSE reason END,
                    evidence = CASE WHEN ? = 'executed' THEN ?::JSON ELSE evidence END WHERE id = ?""",
-                [state, 0 if state in ("skipped", "superseded") else 1, error, state, now, state, decision["reason"],
-                 state, evidence, decision["id"]],
+                [state, 0 if state in ("skipped", "superseded") else 1, error, attempted_at, state, attempted_at,
+                 settled_at, state, decision["reason"], state, evidence, decision["id"]],
             )
 
         await self.writer.execute(update, kind="policy")
         if state in ("executed", "failed", "superseded"):
             self.notifier.send(state, {**decision, "state": state, "note": note})
 
-    def _recheck(self, decision: dict[str, Any], now: dt.datetime) -> tuple[str, Any] | None:
-        """Evaluate the rules again on current data: the (reason, evidence) with which the decision's
-        rule selects its subject for its action now, or None when it no longer does."""
-        current = self._evaluate(self.params.values(now), through=decision["rule"])
-        for rule, (subject, action, reason, evidence, _episode, _expires_at) in current:
-            if rule.name == decision["rule"] and str(subject) == decision["subject"] and action == decision["action"]:
-                return reason, orjson.loads(evidence)
-        return None
+    def _recheck(self, decision: dict[str, Any], now: dt.datetime) -> Any:
+        """(In a worker thread.) The (reason, evidence) with which the decision's rule selects its
+        subject for its action now, None when it no longer does, _UNKNOWN when its rule failed; from
+        the run's shared re-check (_Recheck)."""
+        check = self._check or _Recheck(self, {decision["rule"]}, now)
+        return check.current(decision)
+
+    def _selected(self, names: set[str], now: dt.datetime) -> tuple[list[tuple[Rule, tuple]], dict[str, str]]:
+        """Evaluate the rules ``names`` need on current data: what they decide, and which failed."""
+        failed: dict[str, str] = {}
+        return self._evaluate(self.params.values(now), errors=failed, only=self._needed(names)), failed
 
     def _decisions(self, ids: list[int]) -> list[dict[str, Any]]:
         with deadline_cursor(self.con, self.timeout_s) as cur:
@@ -349,7 +474,8 @@ class PolicyEngine:
         with deadline_cursor(self.con, self.timeout_s) as cur:
             cur.execute(
                 "SELECT id, rule, subject, action, reason, evidence, episode, decided_at, attempts FROM decisions "
-                "WHERE state = 'proposed' AND action IN ('destroy', 'delete_logs') ORDER BY id"
+                "WHERE state = 'proposed' AND action IN ('destroy', 'delete_logs') "
+                "ORDER BY coalesce(attempted_at, decided_at), id"
             )
             names = [d[0] for d in cur.description]
             out = [dict(zip(names, row)) for row in cur.fetchall()]
@@ -387,27 +513,33 @@ class PolicyEngine:
 
 
 def _store_classes(con: duckdb.DuckDBPyConnection, rows: list[tuple], now: dt.datetime) -> int:
-    """Write each run's current class and the line that decided it, until the class is final."""
-    for instance_id, done_at, failure_class, failure_line, final in rows:
+    """Write each run's current class, the line that decided it and how far its evidence was read
+    (a rule returning the first five columns only keeps no progress), until the class is final."""
+    for instance_id, done_at, failure_class, failure_line, final, *progress in rows:
+        priority, scanned_to = (list(progress) + [None, None])[:2]
         con.execute(
-            """UPDATE bench_runs SET failure_class = ?, failure_line = ?, class_final = ?, classified_at = ?
+            """UPDATE bench_runs SET failure_class = ?, failure_line = ?, class_final = ?, classified_at = ?,
+                                     class_priority = ?, class_scanned_to = ?
                WHERE instance_id = ? AND done_at = ? AND NOT coalesce(class_final, false)""",
-            [failure_class, failure_line, bool(final), now, instance_id, done_at],
+            [failure_class, failure_line, bool(final), now, priority, scanned_to, instance_id, done_at],
         )
     return len(rows)
 
 
 def _store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple[Rule, tuple]], now: dt.datetime
                      ) -> tuple[list[int], list[int]]:
-    """Insert what is new; a decision still proposed, or a verdict fleetlog acts on itself, decided again
-    with another reason or evidence takes the new ones. Returns (new ids, updated ids)."""
+    """Insert what is new (decided at ``now``: when the rules had run); a decision still proposed, or a
+    verdict fleetlog acts on itself, decided again with another reason or evidence takes the new ones.
+    Returns (new ids, updated ids)."""
     new_ids, updated = [], []
+    subjects = sorted({str(subject) for _rule, (subject, *_rest) in decided})
+    held_rows = con.execute(  # one query for what is held, whatever the number of decisions
+        "SELECT rule, subject, episode, id, state, reason, evidence::VARCHAR FROM decisions "
+        "WHERE subject IN (SELECT unnest(?::VARCHAR[]))", [subjects]).fetchall() if subjects else []
+    holding = {(r, subj, ep): rest for r, subj, ep, *rest in held_rows}
     for rule, (subject, action, reason, evidence, episode, expires_at) in decided:
         internal = action in INTERNAL_ACTIONS
-        held = con.execute(
-            "SELECT id, state, reason, evidence::VARCHAR FROM decisions WHERE rule = ? AND subject = ? AND episode = ?",
-            [rule.name, str(subject), episode],
-        ).fetchone()
+        held = holding.get((rule.name, str(subject), episode))
         if held:
             decision_id, state, held_reason, held_evidence = held
             changed = held_reason != reason or orjson.loads(held_evidence) != orjson.loads(evidence)
@@ -418,16 +550,51 @@ def _store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple[Rule, t
             continue
         inserted = con.execute(  # no RETURNING: lake mode's decisions table is PostgreSQL's (ingest/lake.py)
             """INSERT INTO decisions (rule, rule_sha, subject, action, reason, evidence, episode, decided_at, expires_at,
-                                      state, executed_at)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                      state, executed_at, settled_at)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT DO NOTHING""",
             [rule.name, rule.sha, str(subject), action, reason, evidence, episode, now, expires_at,
-             "executed" if internal else "proposed", now if internal else None],
+             "executed" if internal else "proposed", now if internal else None, now if internal else None],
         ).fetchone()[0]
         if inserted:
             new_ids.append(con.execute("SELECT id FROM decisions WHERE rule = ? AND subject = ? AND episode = ?",
                                        [rule.name, str(subject), episode]).fetchone()[0])
     return new_ids, updated
+
+
+_UNKNOWN = object()  # a recheck whose rule failed: neither selected nor superseded
+RECHECK_MAX_AGE_S = 1.0  # a decision is carried out on an evaluation of its rule at most this old
+
+
+class _Recheck:
+    """Right before a decision is carried out, its rule is evaluated again on current data. One
+    evaluation (of the rules the run's proposed decisions need) serves the decisions carried out
+    after it until it is RECHECK_MAX_AGE_S old: a run of destroys does not evaluate the rules once
+    per destroy, and none is carried out on evidence older than that."""
+
+    def __init__(self, engine: PolicyEngine, names: set[str], now: dt.datetime) -> None:
+        self.engine, self.names, self.now = engine, names, now
+        self.at: float | None = None
+        self.selected: dict[tuple[str, str, str], tuple[str, Any]] = {}
+        self.failed: dict[str, str] = {}
+
+    def seed(self, at: float, decided: list[tuple[Rule, tuple]], failed: dict[str, str]) -> None:
+        """An evaluation made at ``at`` (time.monotonic()) that serves as the first re-check."""
+        self.at, self.failed, self.selected = at, failed, {}
+        for rule, (subject, action, reason, evidence, _episode, _expires_at) in decided:
+            self.selected.setdefault((rule.name, str(subject), action), (reason, orjson.loads(evidence)))
+
+    def current(self, decision: dict[str, Any]) -> Any:
+        """(In a worker thread.) The (reason, evidence) with which the decision's rule selects its subject
+        for its action now, None when it no longer does, _UNKNOWN when its rule failed (a timeout is no
+        evidence either way)."""
+        if self.at is None or time.monotonic() - self.at > RECHECK_MAX_AGE_S:
+            at = time.monotonic()
+            decided, failed = self.engine._selected(self.names, self.now)
+            self.seed(at, decided, failed)
+        if decision["rule"] in self.failed:
+            return _UNKNOWN
+        return self.selected.get((decision["rule"], decision["subject"], decision["action"]))
 
 
 def _delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str) -> int:

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.app import create_app
 from ingest.keys import CORE
+from ingest.policy import Rule
 from tests.conftest import REPO
 from tests.fleet import demo_fleet, utcnow
 
@@ -65,7 +66,9 @@ async def test_alert_rules_fire_on_the_demo_fleet_scraped_from_a_real_server(aio
     tool = promtool()
     client = await aiohttp_client(create_app(replace(settings, policy_interval_s=0)))
     await demo_fleet(client, utcnow() - dt.timedelta(seconds=30))
-    await client.app[CORE].policy.run_cycle(False)
+    engine = client.app[CORE].policy
+    engine.rules = [*engine.rules, Rule("broken", REPO / "broken.sql", "SELECT * FROM nowhere", "0", "table", ())]
+    await engine.run_cycle(False)
 
     async def refused(n: int) -> None:  # an agent sending what the server refuses
         for _ in range(n):
@@ -99,6 +102,7 @@ async def test_alert_rules_fire_on_the_demo_fleet_scraped_from_a_real_server(aio
         firing("FleetlogDestroyFailed"),
         firing("FleetlogIngestErrors"),
         firing("FleetlogNotificationsDropped"),
+        firing("FleetlogPolicyRuleFailing", {"rule": "broken"}),  # the others still ran
         firing("FleetlogDiskNearlyFull", *([{}] if free < 0.10 else [])),
     ]
     assert set(rules) - {t["alertname"] for t in expected} == {"FleetlogDown"}  # no up{} series in a unit test

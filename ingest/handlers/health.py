@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ingest.auth import PUBLIC, requires
 from ingest.handlers.http import json_response
-from ingest.keys import DB, METRICS, SETTINGS, WRITER
+from ingest.keys import CORE, DB, METRICS, SETTINGS, WRITER
 from ingest.writer import RECOVER_MIN_FREE_BYTES
 
 
@@ -31,7 +31,10 @@ async def readyz(request: web.Request) -> web.Response:
     if free < RECOVER_MIN_FREE_BYTES:
         return json_response({"ok": False, "error": f"storage unavailable: {free} bytes free on the database's disk",
                               "status": 503}, 503, {"Retry-After": str(writer.retry_after_s)})
-    return json_response({"ok": True, "pending_rows": writer.pending_rows})
+    # a failing policy rule does not make the server unready (pushes must go on): it is shown here and
+    # by fleetlog_policy_rule_failing, which alerts
+    return json_response({"ok": True, "pending_rows": writer.pending_rows,
+                          "policy": {"failing_rules": request.app[CORE].policy.failing_rules()}})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -1,0 +1,248 @@
+"""A policy cycle whose cost follows what changed (issue 21.2, 21.3) and a record that says what
+happened (21.4): incremental classification over a backlog of failed runs, one rule timing out
+while the others still run, a destroy cap that serves everyone in turn, decisions carried out
+within two intervals of the logs completing, true timestamps, stale episodes that cannot double.
+
+The backlog is bulk-inserted (one INSERT ... SELECT through the writer): failed runs whose logs
+never complete, so their class is never final and every cycle considers them."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import time
+from dataclasses import replace
+
+import pytest
+
+from ingest.app import create_app
+from ingest.keys import CORE, WRITER
+from tests.fleet import bench_instance, complete_logs, get, iso, post, push_lines, rows, run_policies, utcnow
+
+
+@pytest.fixture
+def policy_settings(settings):
+    return replace(settings, policy_interval_s=0, min_rate=29.0)  # tests run cycles themselves
+
+
+async def backlog(client, runs: int, lines: int, done: dt.datetime) -> None:
+    """``runs`` failed benchmark runs (exit 1, no rate, logs never complete) of ``lines`` daemon
+    lines each, none of which names a failure class; the lines were received a while ago."""
+    for i in range(runs):
+        await bench_instance(client, f"C.backlog{i}", 5000 + i, done=done, exit_code=1, rate=0.0)
+    ts0, recv0 = done - dt.timedelta(minutes=10), done - dt.timedelta(minutes=5)
+
+    def insert(con) -> None:
+        con.execute(
+            """INSERT INTO logs
+               SELECT 'C.backlog' || (i % ?)::VARCHAR, 'benchdaemon', '0', i // ?, ?::TIMESTAMP + to_microseconds(i * 1000),
+                      ?::TIMESTAMP + to_microseconds(i * 100),
+                      'INFO cuzk_daemon::prover: partition ' || i::VARCHAR || ' synthesized in 812 ms (constraints 130278869)',
+                      false
+               FROM range(?) t(i)""",
+            [runs, runs, ts0, recv0, runs * lines],
+        )
+
+    await client.app[WRITER].execute(insert, kind="policy")
+
+
+def lines_fed_to_patterns(client, rule_name: str, now: dt.datetime) -> int:
+    """EXPLAIN ANALYZE of the rule as the next cycle would run it: the most rows that entered an
+    operator matching lines against the patterns (regexp_matches)."""
+    engine = client.app[CORE].policy
+    [rule] = [r for r in engine.rules if r.name == rule_name]
+    params = engine.params.values(now)
+    from ingest.keys import DB
+
+    cur = client.app[DB].cursor()
+    try:
+        [(_, plan)] = cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + rule.sql, {p: params[p] for p in rule.params}).fetchall()
+    finally:
+        cur.close()
+
+    def walk(node) -> int:
+        children = node.get("children", [])
+        here = 0
+        if "regexp_matches" in json.dumps(node.get("extra_info", {})):
+            here = max((c.get("operator_cardinality", 0) for c in children), default=0)
+        return max([here, *(walk(c) for c in children)])
+
+    return walk(json.loads(plan))
+
+
+async def test_second_cycle_classes_only_the_new_lines_of_a_backlog(aiohttp_client, policy_settings):
+    client = await aiohttp_client(create_app(replace(policy_settings, query_timeout_s=120.0)))
+    done = utcnow() - dt.timedelta(seconds=60)
+    await backlog(client, 16, 300, done)
+    first = await run_policies(client)
+    assert first.classified == 16
+    assert dict(rows(client, "SELECT failure_class, count(*) FROM bench_runs GROUP BY 1")) == {"unknown": 16}
+
+    # new evidence for two runs: a line naming no class, and an OOM line
+    await push_lines(client, "C.backlog3", "cuzk", ["prover thread starting"], at=done - dt.timedelta(seconds=1))
+    oom = "ERROR cuzk_daemon::pce: CUDA error: out of memory (cudaErrorMemoryAllocation)"
+    await push_lines(client, "C.backlog7", "cuzk", ["prover thread starting", oom], at=done - dt.timedelta(seconds=1))
+    fed = lines_fed_to_patterns(client, "failure_class", utcnow())
+    assert fed <= 3, f"the next cycle matches {fed} lines against the patterns, not the 3 new ones"
+    second = await run_policies(client)
+    assert second.class_lines_scanned == 3
+    assert rows(client, "SELECT instance_id, failure_class, failure_line FROM bench_runs WHERE failure_class <> 'unknown'") == [
+        ("C.backlog7", "oom", oom)]
+    third = await run_policies(client)  # nothing new: nothing matched, nothing rewritten
+    assert third.class_lines_scanned == 0 and third.classified == 0
+    metrics = await (await client.get("/metrics")).text()
+    assert "fleetlog_policy_class_lines_scanned_total 4803.0" in metrics  # 4,800 once, then the 3 new ones
+
+
+async def test_a_backlog_never_classed_is_worked_off_over_cycles(aiohttp_client, policy_settings):
+    client = await aiohttp_client(create_app(policy_settings))
+    done = utcnow() - dt.timedelta(seconds=60)
+    await backlog(client, 40, 3, done)
+    assert [(await run_policies(client)).classified for _ in range(3)] == [32, 8, 0]  # at most 32 first passes a cycle
+    assert rows(client, "SELECT count(*) FROM bench_runs WHERE failure_class = 'unknown'") == [(40,)]
+
+
+SLOW_CLASSIFY = """SELECT instance_id, done_at, 'unknown' AS failure_class, NULL AS failure_line, false AS final
+FROM bench_runs WHERE (SELECT sum(r) FROM range(100000000000) t(r)) < 0"""
+
+
+async def test_timed_out_class_rule_lets_the_other_rules_run_and_is_reported(aiohttp_client, policy_settings):
+    client = await aiohttp_client(create_app(replace(policy_settings, query_timeout_s=1.0)))
+    engine = client.app[CORE].policy
+    engine.rules = [replace(r, sql=SLOW_CLASSIFY, params=()) if r.output == "classify" else r for r in engine.rules]
+    done = utcnow() - dt.timedelta(seconds=30)
+    await bench_instance(client, "C.slow", 900, done=done, exit_code=0, rate=12.5)
+    await complete_logs(client, "C.slow", done, {"benchout": -1})
+
+    report = await run_policies(client)
+    assert rows(client, "SELECT subject, action FROM decisions") == [("C.slow", "destroy")]
+    assert set(report.rule_errors) == {"failure_class"} and "timeout" in report.rule_errors["failure_class"]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'fleetlog_policy_rule_errors_total{reason="timeout",rule="failure_class"} 1.0' in metrics
+    assert 'fleetlog_policy_rule_failing{rule="failure_class"} 1.0' in metrics
+    assert 'fleetlog_policy_rule_failing{rule="destroy_below_min_rate"} 0.0' in metrics
+    ready = await (await client.get("/readyz")).json()
+    assert list(ready["policy"]["failing_rules"]) == ["failure_class"]
+
+
+async def test_destroy_whose_recheck_times_out_stays_proposed(aiohttp_client, policy_settings, tmp_path):
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(policy_settings, query_timeout_s=1.0, actuator_command=command)))
+    done = utcnow() - dt.timedelta(seconds=30)
+    await bench_instance(client, "C.slow", 900, done=done, exit_code=0, rate=12.5)
+    await complete_logs(client, "C.slow", done, {"benchout": -1})
+    await run_policies(client)  # dry run: proposed
+    engine = client.app[CORE].policy
+    slow = "SELECT * FROM instances WHERE (SELECT sum(r) FROM range(100000000000) t(r)) < 0"  # past query_timeout_s
+    engine.rules = [replace(r, sql=slow, params=()) if r.name == "destroy_below_min_rate" else r for r in engine.rules]
+    report = await run_policies(client, execute=True)
+    assert "destroy_below_min_rate" in report.rule_errors and report.superseded == [] and report.executed == []
+    assert calls() == [] and rows(client, "SELECT state FROM decisions WHERE action = 'destroy'") == [("proposed",)]
+
+
+async def actuator_script(tmp_path, fail_for: str = "") -> tuple[str, object]:
+    """A command actuator that records, per call, its instance id and its own clock (epoch seconds);
+    it exits 1 for ``fail_for``."""
+    log = tmp_path / "actuator.log"
+    script = tmp_path / "actuator.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"echo \"$1 $(date +%s.%N)\" >> {log}\n"
+        f"if [ \"$1\" = \"{fail_for or '-'}\" ]; then echo 'error: provider refused' >&2; exit 1; fi\n"
+    )
+    script.chmod(0o755)
+
+    def calls() -> list[tuple[str, dt.datetime]]:
+        if not log.exists():
+            return []
+        out = []
+        for line in log.read_text().splitlines():
+            subject, clock = line.split()
+            out.append((subject, dt.datetime.fromtimestamp(float(clock), dt.timezone.utc).replace(tzinfo=None)))
+        return out
+
+    return f"{script} {{instance_id}}", calls
+
+
+async def test_destroy_cap_serves_a_waiting_destroy_before_retrying_a_failing_one(aiohttp_client, policy_settings, tmp_path):
+    command, calls = await actuator_script(tmp_path, fail_for="C.bad")
+    client = await aiohttp_client(create_app(replace(policy_settings, destroy_cap_per_cycle=1, actuator_retries=5,
+                                                     actuator_command=command)))
+    done = utcnow() - dt.timedelta(seconds=60)
+    for instance, at in (("C.bad", done), ("C.good", done + dt.timedelta(seconds=1))):
+        await bench_instance(client, instance, 700 if instance == "C.bad" else 701, done=at, exit_code=1, rate=0.0)
+        await complete_logs(client, instance, at, {"benchout": -1})
+    await run_policies(client, execute=True)  # the older one goes first, and fails
+    await run_policies(client, execute=True)
+    assert [s for s, _ in calls()] == ["C.bad", "C.good"]
+    assert dict(rows(client, "SELECT subject, state FROM decisions WHERE action = 'destroy'")) == {
+        "C.bad": "proposed", "C.good": "executed"}
+
+
+async def test_destroys_are_carried_out_within_two_intervals_of_logs_complete(aiohttp_client, policy_settings, tmp_path):
+    interval_s = 1.0
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(
+        policy_settings, policy_interval_s=interval_s, policy_execute=True, actuator_command=command)))
+    done = utcnow() - dt.timedelta(seconds=60)
+    await backlog(client, 16, 300, done)
+    targets = [f"C.t{i}" for i in range(6)]
+    for i, instance in enumerate(targets):
+        await bench_instance(client, instance, 800 + i, done=done, exit_code=1, rate=0.0)
+        await push_lines(client, instance, "cuzk", ["prover thread starting", "CUDA error: out of memory"], at=done)
+    for instance in targets:
+        await asyncio.sleep(0.4)
+        await complete_logs(client, instance, done, {"cuzk": 1})
+
+    deadline = time.monotonic() + 60
+    while len({s for s, _ in calls()}) < len(targets) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    stored = dict(rows(client, "SELECT instance_id, received_at FROM events WHERE kind = 'logs_complete'"))
+    latency = sorted((clock - stored[s]).total_seconds() for s, clock in calls())
+    assert len(latency) == len(targets), f"destroyed {len(latency)} of {len(targets)} in 60 s: {latency}"
+    print(f"logs complete -> destroy executed, interval {interval_s} s: "
+          f"p50 {latency[len(latency) // 2]:.2f} s, max {latency[-1]:.2f} s")
+    assert latency[-1] <= 2 * interval_s, f"logs complete -> destroy executed: {latency} s (interval {interval_s} s)"
+
+
+async def test_decision_times_follow_the_evidence_and_the_actuator(aiohttp_client, policy_settings, tmp_path):
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(policy_settings, actuator_command=command)))
+    done = utcnow() - dt.timedelta(seconds=30)
+    await bench_instance(client, "C.oom", 55891, done=done, exit_code=1, rate=0.0)
+    await push_lines(client, "C.oom", "cuzk", ["prover thread starting", "CUDA error: out of memory"], at=done)
+    cycle_start = utcnow()  # the cycle starts; the logs_complete is stored while its rules have not run yet
+    await asyncio.sleep(0.01)
+    await complete_logs(client, "C.oom", done, {"cuzk": 1})
+    report = await run_policies(client, execute=True, now=cycle_start)
+    assert len(report.executed) == 1
+    [(stored,)] = rows(client, "SELECT received_at FROM events WHERE kind = 'logs_complete'")
+    [(decided_at, executed_at)] = rows(client, "SELECT decided_at, executed_at FROM decisions WHERE action = 'destroy'")
+    [(_, clock)] = calls()
+    assert decided_at >= stored, (decided_at, stored)
+    assert executed_at >= stored, (executed_at, stored)
+    [(settled_at,)] = rows(client, "SELECT settled_at FROM decisions WHERE action = 'destroy'")
+    assert executed_at <= clock <= settled_at, (executed_at, clock, settled_at)
+    detail = await get(client, "/api/v1/decisions?action=destroy")
+    assert detail["decisions"][0]["settled_at"] is not None
+
+
+async def test_killed_instance_is_marked_stale_once_when_last_seen_moves_without_a_push(aiohttp_client, policy_settings):
+    client = await aiohttp_client(create_app(policy_settings))
+    done = utcnow() - dt.timedelta(seconds=30)
+    await bench_instance(client, "C.k", 42, done=done, exit_code=0, rate=40.0)
+    await post(client, "/api/v1/events", {"instance_id": "C.k", "kind": "killed", "ts": iso(utcnow())})
+    await run_policies(client)
+    assert rows(client, "SELECT count(*) FROM decisions WHERE action = 'mark_stale'") == [(1,)]
+
+    # the writer keeps last_seen to a one-second step: an instance seen in a commit moves at the next
+    # step's commit, whoever pushed it (here: directly), with nothing pushed for the instance
+    await client.app[WRITER].execute(
+        lambda con: con.execute("UPDATE instances SET last_seen = last_seen + INTERVAL 3 SECOND WHERE instance_id = 'C.k'"),
+        kind="policy")
+    await run_policies(client)
+    # and a dying agent's last line arrives after the kill
+    await push_lines(client, "C.k", "benchout", ["shutting down"], at=utcnow())
+    await run_policies(client)
+    assert rows(client, "SELECT count(*), min(reason) FROM decisions WHERE action = 'mark_stale'") == [(1, "killed")]
