@@ -189,10 +189,11 @@ async def test_class_is_final_after_the_grace_period(aiohttp_client, policy_sett
     client = await aiohttp_client(create_app(replace(policy_settings, destroy_grace_s=600)))
     done = utcnow() - dt.timedelta(seconds=30)
     await bench_instance(client, "C.9", 9, done=done, exit_code=1, rate=0.0)
-    await run_policies(client, now=done + dt.timedelta(seconds=601))
+    stored = utcnow()  # the grace runs from when the server stored the run's end
+    await run_policies(client, now=stored + dt.timedelta(seconds=601))
     assert rows(client, "SELECT failure_class, class_final FROM bench_runs") == [("unknown", True)]
     await log_push(client, "C.9", "cuzk", ["CUDA error: out of memory"])
-    await run_policies(client, now=done + dt.timedelta(seconds=700))
+    await run_policies(client, now=stored + dt.timedelta(seconds=700))
     assert rows(client, "SELECT failure_class FROM bench_runs") == [("unknown",)]
     [(evidence,)] = rows(client, "SELECT evidence FROM decisions WHERE action = 'destroy'")
     assert orjson.loads(evidence)["failure_class"] == "unknown"

@@ -97,3 +97,19 @@ async def test_a_lost_exit_status_with_a_measured_rate_is_judged_by_the_rate(mak
     rows(client, "UPDATE bench_runs SET exit_code = NULL WHERE instance_id = 'C.lost'")
     [(outcome,)] = rows(client, "SELECT outcome FROM bench_outcomes WHERE instance_id = 'C.lost'")
     assert outcome == "passed"
+
+
+async def test_agent_clock_an_hour_behind_does_not_freeze_the_class_before_a_late_oom_line(make_client):
+    client = await make_client(destroy_grace_s=600.0)
+    skew = dt.timedelta(hours=1)
+    now = utcnow()
+    await _run(client, "C.late", 55891, started=now - skew - dt.timedelta(minutes=10), done=now - skew, exit_code=1,
+               rate=None, run_id="r1", lines={"benchout": ["waiting for warm-up proof..."]})
+    await post(client, "/api/v1/logs", {"instance_id": "C.late", "source": "benchdaemon", "run_id": "r1",
+                                        "lines": [{"seq": 1, "ts": iso(now - skew), "line": "starting"}]})  # a gap
+    await run_policies(client)
+    assert rows(client, "SELECT class_final FROM bench_runs WHERE instance_id = 'C.late'") == [(False,)]
+    await post(client, "/api/v1/logs", {"instance_id": "C.late", "source": "benchdaemon", "run_id": "r1",
+                                        "lines": [{"seq": 0, "ts": iso(now - skew), "line": "CUDA error: out of memory"}]})
+    await run_policies(client)
+    assert rows(client, "SELECT failure_class FROM bench_runs WHERE instance_id = 'C.late'") == [("oom",)]

@@ -8,7 +8,8 @@
 -- From its exit, the agent's excerpt and timeout flag, the instance's logs and gpu_state events. The
 -- first matching pattern wins; the matching line is kept as evidence. A class follows its evidence: it
 -- is re-evaluated until final, i.e. until the instance's logs are complete (instance_logs) or
--- $destroy_grace_s have passed since the run ended; lines received in that window count even if their
+-- $destroy_grace_s have passed since the server stored the run's end (known_at, migration 013: never
+-- the agent's clock, which may be an hour behind); lines received in that window count even if their
 -- ts is later. Incremental: a run remembers the newest received_at of the evidence it was classed on
 -- (bench_runs.class_scanned_to) and the priority of its best match (class_priority), so a cycle
 -- matches only the lines received since, and returns only the runs whose class may have changed
@@ -20,7 +21,8 @@ WITH pending AS (
            json_extract_string(e.body, '$.signal') AS signal,
            coalesce(json_extract_string(e.body, '$.timeout') = 'true', false) AS timed_out,
            json_extract_string(e.body, '$.max_duration_s') AS max_duration_s,
-           coalesce(l.complete, false) OR b.done_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP AS final,
+           coalesce(l.complete, false) OR coalesce(b.known_at, b.done_at) + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP AS final,
+           coalesce(b.known_at, b.done_at) AS known_at,
            r.class_scanned_to AS scanned_to, r.class_priority AS held_priority,
            CASE WHEN r.class_priority IS NOT NULL THEN r.failure_line END AS held_line,
            e.received_at AS done_received_at,
@@ -39,7 +41,7 @@ new_logs AS MATERIALIZED (
     -- logged up to a minute after the run ended, or received within the grace period (a late pusher's
     -- own timestamps)
     SELECT f.instance_id, f.done_at, l.received_at, l.line,
-           l.ts <= f.done_at + INTERVAL 1 MINUTE OR l.received_at <= f.done_at + to_seconds($destroy_grace_s::DOUBLE) AS candidate
+           l.ts <= f.done_at + INTERVAL 1 MINUTE OR l.received_at <= f.known_at + to_seconds($destroy_grace_s::DOUBLE) AS candidate
     FROM failed f JOIN logs l ON l.instance_id = f.instance_id
          AND (f.scanned_to IS NULL OR l.received_at > f.scanned_to)
 ),

@@ -1,12 +1,10 @@
 -- rule: destroy_below_min_rate
--- decides: destroy an instance whose latest step failed (instance_phase: a failed parameter fetch, a
---   failed or hung benchmark) or whose latest benchmark ran below min_rate, but only once its evidence
---   is safe: the logs of the phase it was judged on are complete (instance_phase.evidence_complete: the
---   benchmark run's own streams, not the daemons' that a slow instance goes on to run), or
---   $destroy_grace_s seconds have passed since the server knew the outcome (known_at: the server's
---   clock, never the agent's). Killed instances (ever) are left alone, and so are those the shared enrollment token
---   enrolled undeclared (unvouched_instances: nobody the operator trusts stood behind them).
---   Re-checked right before it is carried out.
+-- decides: destroy an instance that is failing (instance_phase: a failed fetch, a failed or hung run,
+--   a run below min_rate) once its evidence is safe: the logs of the phase judged are complete
+--   (evidence_complete: the benchmark run's own streams, not the daemons' a slow instance runs on), or
+--   $destroy_grace_s have passed since the server knew the outcome (known_at: the server's clock).
+--   Killed (ever) and unvouched instances (unvouched_instances) are left alone. Re-checked right
+--   before it is carried out.
 -- params: $destroy_grace_s (seconds), $now (timestamp)
 -- output: decisions (subject = instance_id, action = destroy)
 WITH doomed AS MATERIALIZED (
