@@ -7,6 +7,7 @@ import asyncio
 import aiohttp
 import orjson
 
+from ingest import store
 from tests.conftest import read_db
 
 
@@ -49,3 +50,15 @@ async def test_every_acknowledged_line_survives_sigkill(server_process):
     assert body["duplicates"] == 400 and body["accepted"] == 0
     server.stop()
     assert read_db(str(server.db), "SELECT count(*) - count(DISTINCT (source, seq)) FROM logs") == [(0,)]
+
+
+def test_server_restarts_after_sigkill_right_after_its_migrations(server_process):
+    """A fresh database's migrations live in the WAL until a checkpoint; DuckDB 1.5.5 cannot replay an
+    ALTER TABLE of the decisions table (its id defaults to a sequence: "GetDefaultDatabase with no
+    default database set"), so a SIGKILL before the first checkpoint left a database no server could
+    open. The migrations are checkpointed as they are applied."""
+    server = server_process().start()
+    server.kill()
+    server.start()  # raises with the server's log if it cannot open its database
+    server.stop()
+    assert read_db(str(server.db), "SELECT count(*) FROM schema_migrations")[0][0] == len(store.migrations())
