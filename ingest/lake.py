@@ -409,7 +409,7 @@ def _write_events(con: duckdb.DuckDBPyConnection, events: list[Event], received_
         finally:
             con.unregister("_event_batch")
         store._apply_registered(con, [e for e in new_events if e.kind == "registered"])
-        store._apply_bench(con, [e for e in new_events if e.kind in ("bench_started", "bench_done")])
+        store._apply_bench(con, [e for e in new_events if e.kind in ("bench_started", "bench_done")], received_us)
     return fresh
 
 
