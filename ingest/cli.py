@@ -6,13 +6,13 @@
     fleetlog why INSTANCE                               why it failed: exit, class, deciding line, logs, decisions
     fleetlog hosts                                      the deploy gate, one row per machine
     fleetlog search TEXT [--since 24h] [--regex]        log lines across the fleet, newest first
-    fleetlog query SQL | --file NAME                    ask the stored data (read-only SQL)
+    fleetlog query SQL | --file NAME [-x]               ask the stored data (read-only SQL; -x one field a line)
     fleetlog policy run [--once] [--execute]            run the lifecycle rules (dry run unless --execute)
     fleetlog demo                                       push a simulated fleet through the real agent
 
 Every command but ``serve`` talks to a server: ``--server`` / ``FLEETLOG_SERVER`` / ``[client] server``
 of fleetlog.toml (default the serve settings' address), with ``--token`` / ``FLEETLOG_TOKEN`` /
-``[client] token``. ``query`` and ``policy run`` open a database file instead with ``--db``.
+``[client] token``; both flags go before or after the subcommand (``fleetlog --server URL why C.1``). ``query`` and ``policy run`` open a database file instead with ``--db``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def _client_command(commands, name: str, help: str, description: str | None = No
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetlog", description="fleetlog: the flight recorder of a GPU fleet")
+    config.add_client_arguments(parser, config=False)  # global: before the subcommand too, as logcli / psql
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the ingest server (HTTP API, writer, policy timer)")
     config.add_arguments(serve)
@@ -95,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--file", help="a .sql file or the name of one in queries/, e.g. why_failed")
     query.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a $NAME parameter")
     query.add_argument("--format", choices=FORMATS, default="table")
+    query.add_argument("-x", "--expanded", action="store_const", const=True, default=None,
+                       help="show the table one field a line (psql's expanded mode); by default only a result "
+                       "too wide for the terminal (COLUMNS) is")
     query.add_argument("--db", help="the database file, when no server holds it (instead of a server)")
     query.add_argument("--min-rate", type=float, default=None, help="the $min_rate to use (default the server's)")
     config.add_client_arguments(query)
@@ -145,6 +149,8 @@ def _logging(settings: config.Settings) -> None:
 def serve(args: dict) -> int:
     from ingest.app import create_app
 
+    for key in ("server", "token"):  # the global client flags mean nothing to the server itself
+        args.pop(key, None)
     settings = _settings(args)
     if settings is None:
         return 2
@@ -312,7 +318,7 @@ def query(args: dict) -> int:
         client = _client(args)
         if client is None:
             return 2
-        return _query_via_server(client, sql, given, args["format"])
+        return _query_via_server(client, sql, given, args["format"], args["expanded"])
     try:
         columns, rows = _query_local(settings, sql, given)
     except (QueryError, QueryTimeout) as e:
@@ -321,7 +327,7 @@ def query(args: dict) -> int:
     except StoreError as e:
         print(f"fleetlog query: {e}", file=sys.stderr)
         return 1
-    oncall.print_rows(columns, rows, args["format"])
+    oncall.print_rows(columns, rows, args["format"], expanded=args["expanded"])
     return 0
 
 
@@ -345,7 +351,7 @@ def _query_local(settings: config.Settings, sql: str, given: dict) -> tuple[list
     return columns, [list(r) for r in rows]
 
 
-def _query_via_server(client: Client, sql: str, params: dict, fmt: str) -> int:
+def _query_via_server(client: Client, sql: str, params: dict, fmt: str, expanded: bool | None) -> int:
     try:
         data = client.request("POST", "/api/v1/query", params={"format": "csv" if fmt == "csv" else "json"},
                               body=orjson.dumps({"sql": sql, "params": params}))
@@ -356,7 +362,7 @@ def _query_via_server(client: Client, sql: str, params: dict, fmt: str) -> int:
         sys.stdout.write(data.decode())
         return 0
     doc = orjson.loads(data)
-    oncall.print_rows(doc["columns"], doc["rows"], fmt)
+    oncall.print_rows(doc["columns"], doc["rows"], fmt, expanded=expanded)
     return 0
 
 

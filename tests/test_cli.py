@@ -133,9 +133,8 @@ def test_search_finds_a_line_across_the_fleet(server):
     assert proc.returncode == 0, proc.stderr
     rows = lines_of(proc.stdout)
     assert rows[0].split() == ["ts", "instance", "source", "seq", "line"]
-    assert "C.32733029" in rows[2] and "benchdaemon" in rows[2] and OOM_DAEMON_LOG[3][:40] in rows[2]
-    assert rows[2].endswith("…")  # cut to fit; --format json carries the whole line
-    assert max(len(r) for r in rows) <= 100 and rows[-1] == "(1 row)"
+    assert "C.32733029" in rows[2] and "benchdaemon" in rows[2] and rows[2].endswith(OOM_DAEMON_LOG[3])  # never cut
+    assert rows[-1] == "(1 row)"
     hits = orjson.loads(fleetlog("search", "ERROR.*panicked", "--regex", "--since", "7d", "--format", "json",
                                  "--server", server.url).stdout)
     assert [h["line"] for h in hits] == [OOM_DAEMON_LOG[4]]
