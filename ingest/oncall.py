@@ -330,8 +330,69 @@ DECISION_COLUMNS = [
 ]
 
 
+def _why_failed(client: Client, instance: str) -> dict:
+    """The latest run's row of queries/why_failed.sql (the server's copy; GPU in the last minute, outcome),
+    or {} when the server has no such question or refuses the SQL API."""
+    try:
+        found = {q["name"]: q for q in client.get("/api/v1/queries")["queries"]}
+        if "why_failed" not in found:
+            return {}
+        doc = orjson.loads(client.request("POST", "/api/v1/query", params={"format": "json"}, body=orjson.dumps(
+            {"sql": found["why_failed"]["sql"], "params": {"instance_id": instance}})))
+    except ClientError:
+        return {}
+    return dict(zip(doc["columns"], doc["rows"][-1])) if doc["rows"] else {}
+
+
+def _outcome_line(bench: dict, outcome: str | None) -> str:
+    """What became of the latest run, by the server's ``outcome`` (bench_outcomes) when it has one."""
+    rate = bench.get("rate_per_hour")
+    rate_text = f"{_cell(rate)} proofs/hour" if rate else "rate not measured"
+    ended = f", ended {short_time(bench.get('done_at'))}" if bench.get("done_at") else ""
+    if outcome is None:
+        outcome = "running" if bench.get("done_at") is None else "failed" if is_failed(bench) else "passed"
+    if outcome == "running":
+        return f"benchmark running since {short_time(bench.get('started_at'))}"
+    if outcome == "passed":
+        return f"benchmark passed: exit 0, {rate_text}{ended}"
+    if outcome == "below_min_rate":
+        return f"Benchmark below min_rate: exit {bench.get('exit_code')}, {rate_text}{ended}"
+    if outcome == "params_failed":
+        return "Parameter fetch failed: the benchmark never ran"
+    return (f"Benchmark {'hung' if outcome == 'hung' else 'failed'}: exit code {bench.get('exit_code')}, class "
+            f"{bench.get('failure_class') or 'not classified yet'}, {rate_text}{ended}")
+
+
+def _gpu_lines(events: list[dict], last_minute: Any) -> list[str]:
+    """The GPU's state (the latest ``gpu_state`` per GPU) and each metric's mean and max over the last minute."""
+    states: dict[str, dict] = {}
+    for event in events:
+        if event.get("kind") == "gpu_state":
+            body = event.get("body") or {}
+            states[str(body.get("gpu", ""))] = {**body, "ts": event.get("ts")}
+    if not states:
+        head = "GPU: no gpu_state reported"
+    else:
+        head = "GPU: " + "; ".join(
+            f"{'gpu ' + gpu + ' ' if gpu else ''}state {b.get('state')}{' (' + str(b['reason']) + ')' if b.get('reason') else ''}"
+            f" since {short_time(b.get('ts'))}" for gpu, b in sorted(states.items()))
+    metrics = orjson.loads(last_minute) if isinstance(last_minute, str) else (last_minute or {})
+    if not metrics:
+        return [head, "  no GPU samples in the last minute before the end"]
+    width = max(len(name) for name in metrics)
+    return [head, "  the last minute before the end:"] + [
+        f"    {name:<{width}}  mean {_cell(m.get('mean'))}  max {_cell(m.get('max'))}  ({m.get('samples')} samples)"
+        for name, m in sorted(metrics.items())]
+
+
+def _decision_line(d: dict) -> str:
+    error = f"; {d['last_error']}" if d.get("last_error") and d.get("state") != "executed" else ""
+    return f"decision: {d['action']} {d['subject']} {d['state']} (#{d['id']} {d['rule']}: {d['reason']}{error})"
+
+
 def why(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
-    """The failure banner of the page, as text: exit, class, deciding line, excerpt, completeness, decisions."""
+    """The failure banner of the page, as text: outcome, the decisions on it (proposed, executed,
+    superseded...), the GPU's state, then the deciding line, excerpt and log completeness."""
     instance = args["instance"]
     try:
         detail = client.get(f"/api/v1/instances/{_quote(instance)}")
@@ -344,25 +405,29 @@ def why(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
     if detail.get("machine_id") is not None:
         decisions += client.get("/api/v1/decisions", subject=str(detail["machine_id"]))["decisions"]
     bench = detail.get("bench") or {}
+    row = _why_failed(client, instance) if bench else {}
+    outcome = detail.get("outcome") or row.get("outcome")
     if args["format"] != "table":
         doc = {"instance_id": instance, "state": detail.get("state"), "machine_id": detail.get("machine_id"),
-               "gpu_model": detail.get("gpu_model"), "bench": bench, "logs": detail.get("logs"), "decisions": decisions}
+               "gpu_model": detail.get("gpu_model"), "outcome": outcome, "bench": bench,
+               "gpu_state": [e["body"] for e in detail.get("events", []) if e.get("kind") == "gpu_state"],
+               "gpu_last_minute": row.get("gpu_last_minute"), "logs": detail.get("logs"), "decisions": decisions}
         if args["format"] == "json":
+            if isinstance(doc["gpu_last_minute"], str):
+                doc["gpu_last_minute"] = orjson.loads(doc["gpu_last_minute"])
             out.write(orjson.dumps(doc, default=str).decode() + "\n")
         else:
             print_records(decisions, DECISION_COLUMNS, "csv", out)
         return 0
     w = out.write
-    w(f"{instance}  state {detail.get('state')}  machine {detail.get('machine_id')}  {detail.get('gpu_model') or ''}\n".rstrip() + "\n")
-    if not bench:
-        w("no benchmark run reported yet\n")
-    elif bench.get("done_at") is None:
-        w(f"benchmark running since {short_time(bench.get('started_at'))}\n")
-    elif not is_failed(bench):
-        w(f"benchmark passed: exit 0, {_cell(bench.get('rate_per_hour'))} proofs/hour\n")
-    else:
-        w(f"Benchmark failed: exit code {bench.get('exit_code')}, class {bench.get('failure_class') or 'not classified yet'}"
-          f", rate {_cell(bench.get('rate_per_hour'))}, ended {short_time(bench.get('done_at'))}\n")
+    w(f"{instance}  state {detail.get('state')}  machine {detail.get('machine_id')}  {detail.get('gpu_model') or ''}".rstrip() + "\n")
+    w((_outcome_line(bench, outcome) if bench else "no benchmark run reported yet") + "\n")
+    for d in decisions:
+        w(_decision_line(d) + "\n")
+    if not decisions:
+        w("decision: none\n")
+    if bench:
+        w("\n" + "\n".join(_gpu_lines(detail.get("events", []), row.get("gpu_last_minute"))) + "\n")
     if bench.get("failure_line"):
         w(f"\ndeciding line:\n  {bench['failure_line']}\n")
     if bench.get("failure_excerpt"):
@@ -376,9 +441,4 @@ def why(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
         state = "complete" if entry.get("complete") else (
             "no logs_complete declared" if declared is None else f"INCOMPLETE: declared up to {declared}, gaps {entry.get('gaps')}")
         w(f"  {source:<14} run {entry.get('run_id')}  {entry.get('lines')} lines  {state}\n")
-    w("\ndecisions:\n")
-    if decisions:
-        print_records(decisions, DECISION_COLUMNS, "table", out)
-    else:
-        w("  none\n")
     return 0
