@@ -7,7 +7,8 @@
     fleetlog hosts                                      the deploy gate, one row per machine
     fleetlog search TEXT [--since 24h] [--regex]        log lines across the fleet, newest first
     fleetlog query SQL | --file NAME [-x]               ask the stored data (read-only SQL; -x one field a line)
-    fleetlog policy run [--once] [--execute]            run the lifecycle rules (dry run unless --execute)
+    fleetlog policy run [--once] [--execute]            run the lifecycle rules (dry run unless --execute;
+                                                        exit 1 when a destroy or deletion asked for was not done)
     fleetlog demo                                       push a simulated fleet through the real agent
 
 Every command but ``serve`` talks to a server: ``--server`` / ``FLEETLOG_SERVER`` / ``[client] server``
@@ -215,24 +216,48 @@ def policy_run(args: dict) -> int:
         return 1
 
 
+REPORTED = ("new_decisions", "executed", "failed", "superseded", "skipped")
+ACTED = ("destroy", "delete_logs")  # what --execute is asked to carry out (the rest take effect at once)
+
+
 def _decided_ids(report: dict) -> list[int]:
-    return sorted({i for key in ("new_decisions", "executed", "failed", "skipped") for i in report.get(key, [])})
+    return sorted({i for key in REPORTED for i in report.get(key, [])})
 
 
-def print_report(report: dict, decisions: list[dict], fmt: str) -> None:
-    """What one policy run decided and did: a table of its decisions (or JSON / CSV rows)."""
-    ids = set(_decided_ids(report))
-    rows = sorted((d for d in decisions if d["id"] in ids), key=lambda d: d["id"])
+def not_done(report: dict, proposed: list[dict]) -> list[dict]:
+    """With ``execute``, what was asked and not carried out: decisions that failed for good, and destroys
+    or deletions still proposed after the run (capped, or an attempt that failed and will be retried)."""
+    if not report.get("execute"):
+        return []
+    failed = set(report.get("failed", []))
+    latest = {d["id"]: d for d in proposed}  # one row per decision, however many lists it came in
+    return [d for d in latest.values() if d["id"] in failed or (d["state"] == "proposed" and d["action"] in ACTED)]
+
+
+def print_report(report: dict, decisions: list[dict], left: list[dict], fmt: str) -> int:
+    """What one policy run decided and did: a table of its decisions (or JSON / CSV rows), then what it
+    was asked to carry out and did not (``left``, from ``not_done``). Returns 1 when something was left."""
+    ids = set(_decided_ids(report)) | {d["id"] for d in left}
+    rows = sorted({d["id"]: d for d in [*decisions, *left] if d["id"] in ids}.values(), key=lambda d: d["id"])
     if fmt == "table":
         mode = "executed" if report.get("execute") else "dry run"
         sys.stdout.write(f"policy run, {mode}: {report.get('classified', 0)} failures classified, "
                          f"{len(report.get('new_decisions', []))} new decisions, {len(report.get('executed', []))} "
-                         f"carried out, {len(report.get('failed', []))} failed, {report.get('capped', 0)} capped\n")
+                         f"carried out, {len(report.get('failed', []))} failed, {len(report.get('superseded', []))} "
+                         f"superseded, {len(report.get('skipped', []))} skipped, {report.get('capped', 0)} capped\n")
     if fmt == "json":
-        sys.stdout.write(orjson.dumps({**report, "decisions": rows}, default=str).decode() + "\n")
+        sys.stdout.write(orjson.dumps({**report, "decisions": rows, "not_done": [d["id"] for d in left]},
+                                      default=str).decode() + "\n")
     elif rows or fmt == "csv":
         oncall.print_records(rows, oncall.DECISION_COLUMNS, fmt, sys.stdout)
+    if left and fmt == "table":
+        sys.stdout.write(f"{len(left)} not carried out:\n" + "".join(
+            f"  #{d['id']} {d['action']} {d['subject']}: {d.get('last_error') or 'capped (destroy_cap_per_cycle): next run'}"
+            f" (attempts {d.get('attempts', 0)})\n" for d in left))
     sys.stdout.flush()
+    if left:
+        print(f"fleetlog policy run: {len(left)} of the decisions asked for were not carried out", file=sys.stderr)
+    return 1 if left else 0
 
 
 def _policy_via_server(client: Client, once: bool, execute: bool, fmt: str, interval_s: float) -> int:
@@ -240,12 +265,13 @@ def _policy_via_server(client: Client, once: bool, execute: bool, fmt: str, inte
         try:
             report = client.post("/api/v1/policy/run", params={"execute": int(execute)})
             decisions = client.get("/api/v1/decisions", limit=10_000)["decisions"] if _decided_ids(report) else []
+            proposed = client.get("/api/v1/decisions", state="proposed", limit=10_000)["decisions"] if report.get("execute") else []
         except ClientError as e:
             print(f"fleetlog policy run: {e.message}", file=sys.stderr)
             return 1
-        print_report(report, decisions, fmt)
+        status = print_report(report, decisions, not_done(report, decisions + proposed), fmt)
         if once or interval_s <= 0:
-            return 0
+            return status
         time.sleep(interval_s)
 
 
@@ -261,10 +287,10 @@ async def _policy_local(settings: config.Settings, once: bool, execute: bool, fm
         while True:
             report = (await core.policy.run_cycle(execute)).as_dict()
             decisions = reads.decisions(core.reader, settings.query_timeout_s, state=None, action=None, subject=None,
-                                        limit=10_000) if _decided_ids(report) else []
-            print_report(report, decisions, fmt)
+                                        limit=10_000) if _decided_ids(report) or execute else []
+            status = print_report(report, decisions, not_done(report, decisions), fmt)
             if once or settings.policy_interval_s <= 0:
-                return 0
+                return status
             await asyncio.sleep(settings.policy_interval_s)
     finally:
         await core.close()
