@@ -243,8 +243,8 @@ def print_report(report: dict, decisions: list[dict], left: list[dict], fmt: str
         mode = "executed" if report.get("execute") else "dry run"
         sys.stdout.write(f"policy run, {mode}: {report.get('classified', 0)} failures classified, "
                          f"{len(report.get('new_decisions', []))} new decisions, {len(report.get('executed', []))} "
-                         f"carried out, {len(report.get('failed', []))} failed, {len(report.get('superseded', []))} "
-                         f"superseded, {len(report.get('skipped', []))} skipped, {report.get('capped', 0)} capped\n")
+                         f"carried out, {len(report.get('failed', []))} failed, {report.get('capped', 0)} capped"
+                         + "".join(f", {len(report[k])} {k}" for k in ("superseded", "skipped") if report.get(k)) + "\n")
     if fmt == "json":
         sys.stdout.write(orjson.dumps({**report, "decisions": rows, "not_done": [d["id"] for d in left]},
                                       default=str).decode() + "\n")
