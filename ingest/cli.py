@@ -147,7 +147,24 @@ def _logging(settings: config.Settings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+SERVER_EXTRA = "pip install 'fleetlog[server]'"
+
+
+def _server_modules(command: str) -> bool:
+    """Whether the server's dependencies (the ``server`` extra) are installed; if not, say which install
+    brings them, in one line (an agent-only install has the ``fleetlog`` command too)."""
+    try:
+        import duckdb, grpc, prometheus_client  # noqa: F401, E401
+    except ModuleNotFoundError as e:
+        print(f"fleetlog {command}: the server's dependencies are not installed (no module {e.name}): "
+              f"{SERVER_EXTRA}", file=sys.stderr)
+        return False
+    return True
+
+
 def serve(args: dict) -> int:
+    if not _server_modules("serve"):
+        return 1
     from ingest.app import create_app
 
     for key in ("server", "token"):  # the global client flags mean nothing to the server itself
