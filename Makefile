@@ -1,30 +1,40 @@
 # `make run` and `make test` do every set-up step: each creates (or reuses) .venv and installs what it
-# needs; `make test` first installs the Debian packages the tests drive (scripts/test-deps.sh: as
-# root it installs them, otherwise it prints the apt-get command and stops).
+# needs; `make run` only the server extra (`.[server]`), `make test` the test extra (the server, the
+# lake, and the test tools), after installing the Debian packages the tests drive
+# (scripts/test-deps.sh: as root it installs them, otherwise it prints the apt-get command and stops).
+# Each extra has its own stamp: one installed does not make the other's install skipped.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+SERVER_STAMP := $(VENV)/.installed-server
+TEST_STAMP   := $(VENV)/.installed-test
 
 .PHONY: run test test-deps bench clean images
 
-$(STAMP): pyproject.toml
+$(SERVER_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[server]'
+	touch $(SERVER_STAMP)
+
+# the test extra holds the server's: its install stands for both
+$(TEST_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(TEST_STAMP) $(SERVER_STAMP)
 
-run: $(STAMP)
+run: $(SERVER_STAMP)
 	$(BIN)/fleetlog serve
 
 test-deps:
 	scripts/test-deps.sh
 
 test: test-deps
-	$(MAKE) --no-print-directory $(STAMP)
+	$(MAKE) --no-print-directory $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python bench/ingest_throughput.py
 	$(BIN)/python bench/tail_latency.py
 	$(BIN)/python bench/agent_cost.py

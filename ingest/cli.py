@@ -6,13 +6,14 @@
     fleetlog why INSTANCE                               why it failed: exit, class, deciding line, logs, decisions
     fleetlog hosts                                      the deploy gate, one row per machine
     fleetlog search TEXT [--since 24h] [--regex]        log lines across the fleet, newest first
-    fleetlog query SQL | --file NAME                    ask the stored data (read-only SQL)
-    fleetlog policy run [--once] [--execute]            run the lifecycle rules (dry run unless --execute)
+    fleetlog query SQL | --file NAME [-x]               ask the stored data (read-only SQL; -x one field a line)
+    fleetlog policy run [--once] [--execute]            run the lifecycle rules (dry run unless --execute;
+                                                        exit 1 when a destroy or deletion asked for was not done)
     fleetlog demo                                       push a simulated fleet through the real agent
 
 Every command but ``serve`` talks to a server: ``--server`` / ``FLEETLOG_SERVER`` / ``[client] server``
 of fleetlog.toml (default the serve settings' address), with ``--token`` / ``FLEETLOG_TOKEN`` /
-``[client] token``. ``query`` and ``policy run`` open a database file instead with ``--db``.
+``[client] token``; both flags go before or after the subcommand (``fleetlog --server URL why C.1``). ``query`` and ``policy run`` open a database file instead with ``--db``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def _client_command(commands, name: str, help: str, description: str | None = No
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetlog", description="fleetlog: the flight recorder of a GPU fleet")
+    config.add_client_arguments(parser, config=False)  # global: before the subcommand too, as logcli / psql
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the ingest server (HTTP API, writer, policy timer)")
     config.add_arguments(serve)
@@ -95,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--file", help="a .sql file or the name of one in queries/, e.g. why_failed")
     query.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a $NAME parameter")
     query.add_argument("--format", choices=FORMATS, default="table")
+    query.add_argument("-x", "--expanded", action="store_const", const=True, default=None,
+                       help="show the table one field a line (psql's expanded mode); by default only a result "
+                       "too wide for the terminal (COLUMNS) is")
     query.add_argument("--db", help="the database file, when no server holds it (instead of a server)")
     query.add_argument("--min-rate", type=float, default=None, help="the $min_rate to use (default the server's)")
     config.add_client_arguments(query)
@@ -142,9 +147,28 @@ def _logging(settings: config.Settings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+SERVER_EXTRA = "pip install 'fleetlog[server]'"
+
+
+def _server_modules(command: str) -> bool:
+    """Whether the server's dependencies (the ``server`` extra) are installed; if not, say which install
+    brings them, in one line (an agent-only install has the ``fleetlog`` command too)."""
+    try:
+        import duckdb, grpc, prometheus_client  # noqa: F401, E401
+    except ModuleNotFoundError as e:
+        print(f"fleetlog {command}: the server's dependencies are not installed (no module {e.name}): "
+              f"{SERVER_EXTRA}", file=sys.stderr)
+        return False
+    return True
+
+
 def serve(args: dict) -> int:
+    if not _server_modules("serve"):
+        return 1
     from ingest.app import create_app
 
+    for key in ("server", "token"):  # the global client flags mean nothing to the server itself
+        args.pop(key, None)
     settings = _settings(args)
     if settings is None:
         return 2
@@ -209,26 +233,51 @@ def policy_run(args: dict) -> int:
         return 1
 
 
+REPORTED = ("new_decisions", "executed", "failed", "superseded", "skipped")
+ACTED = ("destroy", "delete_logs")  # what --execute is asked to carry out (the rest take effect at once)
+
+
 def _decided_ids(report: dict) -> list[int]:
-    return sorted({i for key in ("new_decisions", "executed", "failed", "skipped") for i in report.get(key, [])})
+    return sorted({i for key in REPORTED for i in report.get(key, [])})
 
 
-def print_report(report: dict, decisions: list[dict], fmt: str) -> None:
-    """What one policy run decided and did: a table of its decisions (or JSON / CSV rows)."""
-    ids = set(_decided_ids(report))
-    rows = sorted((d for d in decisions if d["id"] in ids), key=lambda d: d["id"])
+def not_done(report: dict, proposed: list[dict]) -> list[dict]:
+    """With ``execute``, what was asked and not carried out: decisions that failed for good, and destroys
+    or deletions still proposed after the run (capped, or an attempt that failed and will be retried)."""
+    if not report.get("execute"):
+        return []
+    failed = set(report.get("failed", []))
+    latest = {d["id"]: d for d in proposed}  # one row per decision, however many lists it came in
+    return [d for d in latest.values() if d["id"] in failed or (d["state"] == "proposed" and d["action"] in ACTED)]
+
+
+def print_report(report: dict, decisions: list[dict], left: list[dict], fmt: str) -> int:
+    """What one policy run decided and did: a table of its decisions (or JSON / CSV rows), then what it
+    was asked to carry out and did not (``left``, from ``not_done``). Returns 1 when something was left,
+    or a rule failed."""
+    ids = set(_decided_ids(report)) | {d["id"] for d in left}
+    rows = sorted({d["id"]: d for d in [*decisions, *left] if d["id"] in ids}.values(), key=lambda d: d["id"])
     if fmt == "table":
         mode = "executed" if report.get("execute") else "dry run"
         sys.stdout.write(f"policy run, {mode}: {report.get('classified', 0)} failures classified, "
                          f"{len(report.get('new_decisions', []))} new decisions, {len(report.get('executed', []))} "
-                         f"carried out, {len(report.get('failed', []))} failed, {report.get('capped', 0)} capped\n")
+                         f"carried out, {len(report.get('failed', []))} failed, {report.get('capped', 0)} capped"
+                         + "".join(f", {len(report[k])} {k}" for k in ("superseded", "skipped") if report.get(k)) + "\n")
     for rule, why in report.get("rule_errors", {}).items():
         sys.stderr.write(f"policy rule {rule} failed: {why} (its decisions were not made; the other rules ran)\n")
     if fmt == "json":
-        sys.stdout.write(orjson.dumps({**report, "decisions": rows}, default=str).decode() + "\n")
+        sys.stdout.write(orjson.dumps({**report, "decisions": rows, "not_done": [d["id"] for d in left]},
+                                      default=str).decode() + "\n")
     elif rows or fmt == "csv":
         oncall.print_records(rows, oncall.DECISION_COLUMNS, fmt, sys.stdout)
+    if left and fmt == "table":
+        sys.stdout.write(f"{len(left)} not carried out:\n" + "".join(
+            f"  #{d['id']} {d['action']} {d['subject']}: {d.get('last_error') or 'capped (destroy_cap_per_cycle): next run'}"
+            f" (attempts {d.get('attempts', 0)})\n" for d in left))
     sys.stdout.flush()
+    if left:
+        print(f"fleetlog policy run: {len(left)} of the decisions asked for were not carried out", file=sys.stderr)
+    return 1 if left or report.get("rule_errors") else 0  # a rule that failed made none of its decisions
 
 
 def _policy_via_server(client: Client, once: bool, execute: bool, fmt: str, interval_s: float) -> int:
@@ -236,12 +285,13 @@ def _policy_via_server(client: Client, once: bool, execute: bool, fmt: str, inte
         try:
             report = client.post("/api/v1/policy/run", params={"execute": int(execute)})
             decisions = client.get("/api/v1/decisions", limit=10_000)["decisions"] if _decided_ids(report) else []
+            proposed = client.get("/api/v1/decisions", state="proposed", limit=10_000)["decisions"] if report.get("execute") else []
         except ClientError as e:
             print(f"fleetlog policy run: {e.message}", file=sys.stderr)
             return 1
-        print_report(report, decisions, fmt)
+        status = print_report(report, decisions, not_done(report, decisions + proposed), fmt)
         if once or interval_s <= 0:
-            return 0
+            return status
         time.sleep(interval_s)
 
 
@@ -257,10 +307,10 @@ async def _policy_local(settings: config.Settings, once: bool, execute: bool, fm
         while True:
             report = (await core.policy.run_cycle(execute)).as_dict()
             decisions = reads.decisions(core.reader, settings.query_timeout_s, state=None, action=None, subject=None,
-                                        limit=10_000) if _decided_ids(report) else []
-            print_report(report, decisions, fmt)
+                                        limit=10_000) if _decided_ids(report) or execute else []
+            status = print_report(report, decisions, not_done(report, decisions), fmt)
             if once or settings.policy_interval_s <= 0:
-                return 0
+                return status
             await asyncio.sleep(settings.policy_interval_s)
     finally:
         await core.close()
@@ -314,7 +364,7 @@ def query(args: dict) -> int:
         client = _client(args)
         if client is None:
             return 2
-        return _query_via_server(client, sql, given, args["format"])
+        return _query_via_server(client, sql, given, args["format"], args["expanded"])
     try:
         columns, rows = _query_local(settings, sql, given)
     except (QueryError, QueryTimeout) as e:
@@ -323,7 +373,7 @@ def query(args: dict) -> int:
     except StoreError as e:
         print(f"fleetlog query: {e}", file=sys.stderr)
         return 1
-    oncall.print_rows(columns, rows, args["format"])
+    oncall.print_rows(columns, rows, args["format"], expanded=args["expanded"])
     return 0
 
 
@@ -347,7 +397,7 @@ def _query_local(settings: config.Settings, sql: str, given: dict) -> tuple[list
     return columns, [list(r) for r in rows]
 
 
-def _query_via_server(client: Client, sql: str, params: dict, fmt: str) -> int:
+def _query_via_server(client: Client, sql: str, params: dict, fmt: str, expanded: bool | None) -> int:
     try:
         data = client.request("POST", "/api/v1/query", params={"format": "csv" if fmt == "csv" else "json"},
                               body=orjson.dumps({"sql": sql, "params": params}))
@@ -358,7 +408,7 @@ def _query_via_server(client: Client, sql: str, params: dict, fmt: str) -> int:
         sys.stdout.write(data.decode())
         return 0
     doc = orjson.loads(data)
-    oncall.print_rows(doc["columns"], doc["rows"], fmt)
+    oncall.print_rows(doc["columns"], doc["rows"], fmt, expanded=expanded)
     return 0
 
 

@@ -289,9 +289,11 @@ CLIENT_HELP = {
 
 
 def add_client_arguments(parser: argparse.ArgumentParser, config: bool = True) -> None:
-    """``--server`` and ``--token`` (and ``--config``, unless the parser has it already)."""
-    parser.add_argument("--server", default=None, help=CLIENT_HELP["server"])
-    parser.add_argument("--token", default=None, help=CLIENT_HELP["token"])
+    """``--server`` and ``--token`` (and ``--config``, unless the parser has it already). Unset, they
+    leave no attribute (``SUPPRESS``), so the same flags on the top-level parser (before the
+    subcommand) and on a subcommand's parser (after it) can both be given without one erasing the other."""
+    parser.add_argument("--server", default=argparse.SUPPRESS, help=CLIENT_HELP["server"])
+    parser.add_argument("--token", default=argparse.SUPPRESS, help=CLIENT_HELP["token"])
     if config:
         parser.add_argument("--config", default=None, help="path of a fleetlog.toml (default ./fleetlog.toml when present)")
 

@@ -14,7 +14,7 @@ import duckdb
 import functools
 from typing import TYPE_CHECKING, Any
 
-from ingest import store, tailload
+from ingest import store, tailload, tokens
 from ingest.actuator import build_actuator
 from ingest.config import Settings
 from ingest.fleetgauges import FleetCollector, GpuCollector
@@ -116,6 +116,7 @@ class Core:
             db_path=None if settings.lake else settings.db,
             write_batch=_lake_write_batch(slots) if slots else None,
             max_streams_per_instance=settings.max_streams_per_instance,
+            blocks=None if settings.lake else tokens.BlockWriter(),
         )
         reader = Reader(
             con, index, tail, metrics,
@@ -123,6 +124,7 @@ class Core:
             query_max_concurrent=settings.query_max_concurrent,
             search_max_concurrent=settings.search_max_concurrent,
             retry_after_s=settings.retry_after_s,
+            token_filter=not settings.lake,
         )
         policy = PolicyEngine(
             reader, writer, index, tail, rules,

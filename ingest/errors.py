@@ -2,6 +2,7 @@
 
     FleetlogError
     ├── ConfigError            a setting does not parse; start-up stops with its name
+    │   └── PortUnavailable    a port to listen on is held by another process (HTTP or OTLP/gRPC)
     ├── StoreError             DuckDB refused a statement (translated at the store boundary)
     └── RequestError           answered to a client with the JSON error shape and .status
         ├── BadRequest         400: malformed body, wrong type, missing or empty field (names it)
@@ -29,6 +30,16 @@ class FleetlogError(Exception):
 
 class ConfigError(FleetlogError):
     """A setting is invalid; the message names it."""
+
+
+class PortUnavailable(ConfigError):
+    """A port to listen on cannot be bound (another process holds it); the message names the setting."""
+
+
+def port_unavailable(what: str, host: str, port: int, setting: str, cause: object) -> PortUnavailable:
+    flag, env = "--" + setting.replace("_", "-"), "FLEETLOG_" + setting.upper()
+    return PortUnavailable(f"{what} cannot listen on {host}:{port} ({cause}): is another fleetlog serving? Stop it, "
+                           f"or choose another port with {flag} or {env}")
 
 
 class StoreError(FleetlogError):

@@ -27,6 +27,8 @@ from typing import Callable
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from ingest.errors import port_unavailable
+
 logger = logging.getLogger(__name__)
 
 FD_RESERVE = 256  # descriptors kept for the database, its WAL, the log, gRPC, and the actuator
@@ -191,7 +193,10 @@ async def _serve(app: web.Application, host: str, port: int, guard: ConnectionGu
     await runner.setup()
     try:
         site = GuardedSite(runner, host, port, guard)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as e:
+            raise port_unavailable("HTTP", host, port, "port", e.strerror or e) from e
         started(site)
         while True:
             await asyncio.sleep(3600)

@@ -2,14 +2,19 @@
 ``search``, and how every command prints rows (``--format table|json|csv``).
 
 Each takes a ``Client`` (ingest/client.py) and the parsed arguments, prints to ``out``, and returns
-the exit status. Tables fit ``TABLE_WIDTH`` columns: the widest columns give way, their cells cut
-with an ellipsis; ``json`` and ``csv`` always carry the whole values.
+the exit status. Tables fit the terminal (``terminal_width``: ``COLUMNS``, the TTY, else
+``TABLE_WIDTH``): the widest columns give way, their cells cut with an ellipsis, except a column
+printed whole (a log line: the one field on-call needs is never cut). A result too wide for the
+terminal is shown one field a line (``print_expanded``, psql's expanded mode); ``json`` and ``csv``
+always carry the whole values. Numbers keep ``SIGNIFICANT`` digits, so that rows compare.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import re
+import shutil
 import sys
 from typing import Any, Iterable, Sequence, TextIO
 
@@ -17,9 +22,15 @@ import orjson
 
 from ingest.client import Client, ClientError
 
-TABLE_WIDTH = 100
+TABLE_WIDTH = 100  # when the width of the terminal is not known (output to a pipe or a file, no COLUMNS)
 MIN_COLUMN = 6
 GAP = "  "
+SIGNIFICANT = 4  # digits of a float: $/proof 0.009524 and 0.01013 stay apart, a rate 12.4 stays 12.4
+
+
+def terminal_width() -> int:
+    """``COLUMNS`` when set, else the terminal's width, else ``TABLE_WIDTH``."""
+    return shutil.get_terminal_size((TABLE_WIDTH, 24)).columns or TABLE_WIDTH
 
 
 # ---- printing rows
@@ -32,17 +43,31 @@ def short_time(value: Any) -> str:
     return value[:10] + " " + value[11:19]
 
 
-def _cell(value: Any) -> str:
+def number(value: float) -> str:
+    """``SIGNIFICANT`` significant digits, never in exponent form, trailing zeros dropped:
+    0.009524, 0.01013, 12.4, 44.1, 1235, 123457."""
+    if not math.isfinite(value) or value == 0:
+        return "0" if value == 0 else str(value)
+    decimals = max(0, SIGNIFICANT - 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _text(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e-3 and value else f"{value:.2f}".rstrip("0").rstrip(".")
+        return number(value)
     if isinstance(value, (dict, list)):
         return orjson.dumps(value).decode()
-    return str(value).replace("\r", "\\r").replace("\n", "\\n")
+    return str(value)
 
 
-def fit_widths(widths: list[int], total: int = TABLE_WIDTH) -> list[int]:
+def _cell(value: Any) -> str:
+    return _text(value).replace("\r", "\\r").replace("\n", "\\n")
+
+
+def fit_widths(widths: list[int], total: int) -> list[int]:
     """Narrow the widest columns, one character at a time, until the row fits ``total``."""
     widths = list(widths)
     while sum(widths) + len(GAP) * (len(widths) - 1) > total:
@@ -57,14 +82,57 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
-def print_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO, *, total: int = TABLE_WIDTH) -> None:
+def _natural_widths(columns: Sequence[str], cells: list[list[str]]) -> list[int]:
+    return [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+
+
+def _row_count(n: int) -> str:
+    return f"({n} row{'s' if n != 1 else ''})\n"
+
+
+def print_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO, *, total: int | None = None,
+                whole_last: bool = False) -> None:
+    """Fit ``total`` columns (default the terminal's width); ``whole_last``: the last column is never
+    cut (the others give way to leave it at least a third of the width; a longer value wraps)."""
+    total = terminal_width() if total is None else total
     cells = [[_cell(v) for v in row] for row in rows]
-    widths = fit_widths([max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)], total)
+    natural = _natural_widths(columns, cells)
+    if whole_last and columns:
+        rest = fit_widths(natural[:-1], max(0, total - len(GAP) - max(total // 3, len(columns[-1]))))
+        widths = rest + [natural[-1]]
+    else:
+        widths = fit_widths(natural, total)
+    clip = (widths[:-1] + [None if whole_last else widths[-1]]) if widths else []
     out.write(GAP.join(_clip(c, w).ljust(w) for c, w in zip(columns, widths)).rstrip() + "\n")
-    out.write(GAP.join("-" * w for w in widths) + "\n")
+    out.write(GAP.join("-" * min(w, total) for w in widths) + "\n")
     for r in cells:
-        out.write(GAP.join(_clip(v, w).ljust(w) for v, w in zip(r, widths)).rstrip() + "\n")
-    out.write(f"({len(cells)} row{'s' if len(cells) != 1 else ''})\n")
+        out.write(GAP.join((v if c is None else _clip(v, c)).ljust(w) for v, w, c in zip(r, widths, clip)).rstrip() + "\n")
+    out.write(_row_count(len(cells)))
+
+
+def print_expanded(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO, *, total: int | None = None) -> None:
+    """One field a line, a record after another (psql's expanded mode, ``\\x``): the whole value, its
+    own lines under each other."""
+    total = terminal_width() if total is None else total
+    key_width = max((len(c) for c in columns), default=0)
+    for n, row in enumerate(rows, 1):
+        values = [_text(v).replace("\r", "\\r").split("\n") for v in row]
+        value_width = max((len(part) for lines in values for part in lines), default=0)
+        head = f"-[ RECORD {n} ]"
+        out.write(head + "-" * max(0, key_width + 1 - len(head)) + "+"
+                  + "-" * max(1, min(value_width + 1, total - max(len(head), key_width + 1) - 1)) + "\n")
+        for column, lines in zip(columns, values):
+            out.write(f"{column.ljust(key_width)} | {lines[0]}".rstrip() + "\n")
+            for more in lines[1:]:
+                out.write(f"{'':<{key_width}} | {more}".rstrip() + "\n")
+    out.write(_row_count(len(rows)))
+
+
+def fits(columns: Sequence[str], rows: Sequence[Sequence[Any]], total: int | None = None) -> bool:
+    """Whether the table of these rows fits ``total`` columns with no cell cut."""
+    total = terminal_width() if total is None else total
+    widths = _natural_widths(columns, [[_cell(v) for v in row] for row in rows])
+    return sum(widths) + len(GAP) * max(0, len(widths) - 1) <= total
 
 
 def _csv_cell(value: Any) -> Any:
@@ -75,8 +143,12 @@ def _csv_cell(value: Any) -> Any:
     return value
 
 
-def print_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, out: TextIO = sys.stdout) -> None:
-    if fmt == "json":
+def print_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, out: TextIO = sys.stdout, *,
+               expanded: bool | None = False) -> None:
+    """``expanded`` (tables only): True one field a line, None (auto) when the table does not fit the terminal."""
+    if fmt == "table" and (expanded or (expanded is None and rows and not fits(columns, rows))):
+        print_expanded(columns, rows, out)
+    elif fmt == "json":
         out.write(orjson.dumps([dict(zip(columns, row)) for row in rows], default=str).decode() + "\n")
     elif fmt == "csv":
         writer = csv.writer(out)
@@ -86,10 +158,12 @@ def print_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, 
         print_table(columns, rows, out)
 
 
-def print_records(records: Sequence[dict], columns: Sequence[tuple[str, Any]], fmt: str, out: TextIO = sys.stdout) -> None:
-    """``records`` as rows: in a table, the (title, getter) ``columns``; in JSON and CSV, every field."""
+def print_records(records: Sequence[dict], columns: Sequence[tuple[str, Any]], fmt: str, out: TextIO = sys.stdout, *,
+                  whole_last: bool = False) -> None:
+    """``records`` as rows: in a table, the (title, getter) ``columns`` (``whole_last``: the last one
+    never cut); in JSON and CSV, every field."""
     if fmt == "table":
-        print_table([t for t, _ in columns], [[get(r) for _, get in columns] for r in records], out)
+        print_table([t for t, _ in columns], [[get(r) for _, get in columns] for r in records], out, whole_last=whole_last)
         return
     names = list(dict.fromkeys(k for r in records for k in r)) if records else [t for t, _ in columns]
     print_rows(names, [[r.get(k) for k in names] for r in records], fmt, out)
@@ -244,7 +318,7 @@ SEARCH_COLUMNS = [
 def search(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
     doc = client.get("/api/v1/search", q=args["text"], regex=1 if args["regex"] else None, since=args["since"],
                      until=args["until"], source=args["source"], instance=args["instance"], limit=args["limit"])
-    print_records(doc["hits"], SEARCH_COLUMNS, args["format"], out)
+    print_records(doc["hits"], SEARCH_COLUMNS, args["format"], out, whole_last=True)
     if doc["truncated"] and args["format"] == "table":
         out.write(f"(more than {len(doc['hits'])} matched: narrow with --since, --instance, --source or raise --limit)\n")
     return 0
@@ -260,8 +334,69 @@ DECISION_COLUMNS = [
 ]
 
 
+def _why_failed(client: Client, instance: str) -> dict:
+    """The latest run's row of queries/why_failed.sql (the server's copy; GPU in the last minute, outcome),
+    or {} when the server has no such question or refuses the SQL API."""
+    try:
+        found = {q["name"]: q for q in client.get("/api/v1/queries")["queries"]}
+        if "why_failed" not in found:
+            return {}
+        doc = orjson.loads(client.request("POST", "/api/v1/query", params={"format": "json"}, body=orjson.dumps(
+            {"sql": found["why_failed"]["sql"], "params": {"instance_id": instance}})))
+    except ClientError:
+        return {}
+    return dict(zip(doc["columns"], doc["rows"][-1])) if doc["rows"] else {}
+
+
+def _outcome_line(bench: dict, outcome: str | None) -> str:
+    """What became of the latest run, by the server's ``outcome`` (bench_outcomes) when it has one."""
+    rate = bench.get("rate_per_hour")
+    rate_text = f"{_cell(rate)} proofs/hour" if rate else "rate not measured"
+    ended = f", ended {short_time(bench.get('done_at'))}" if bench.get("done_at") else ""
+    if outcome is None:
+        outcome = "running" if bench.get("done_at") is None else "failed" if is_failed(bench) else "passed"
+    if outcome == "running":
+        return f"benchmark running since {short_time(bench.get('started_at'))}"
+    if outcome == "passed":
+        return f"benchmark passed: exit 0, {rate_text}{ended}"
+    if outcome == "below_min_rate":
+        return f"Benchmark below min_rate: exit {bench.get('exit_code')}, {rate_text}{ended}"
+    if outcome == "params_failed":
+        return "Parameter fetch failed: the benchmark never ran"
+    return (f"Benchmark {'hung' if outcome == 'hung' else 'failed'}: exit code {bench.get('exit_code')}, class "
+            f"{bench.get('failure_class') or 'not classified yet'}, {rate_text}{ended}")
+
+
+def _gpu_lines(events: list[dict], last_minute: Any) -> list[str]:
+    """The GPU's state (the latest ``gpu_state`` per GPU) and each metric's mean and max over the last minute."""
+    states: dict[str, dict] = {}
+    for event in events:
+        if event.get("kind") == "gpu_state":
+            body = event.get("body") or {}
+            states[str(body.get("gpu", ""))] = {**body, "ts": event.get("ts")}
+    if not states:
+        head = "GPU: no gpu_state reported"
+    else:
+        head = "GPU: " + "; ".join(
+            f"{'gpu ' + gpu + ' ' if gpu else ''}state {b.get('state')}{' (' + str(b['reason']) + ')' if b.get('reason') else ''}"
+            f" since {short_time(b.get('ts'))}" for gpu, b in sorted(states.items()))
+    metrics = orjson.loads(last_minute) if isinstance(last_minute, str) else (last_minute or {})
+    if not metrics:
+        return [head, "  no GPU samples in the last minute before the end"]
+    width = max(len(name) for name in metrics)
+    return [head, "  the last minute before the end:"] + [
+        f"    {name:<{width}}  mean {_cell(m.get('mean'))}  max {_cell(m.get('max'))}  ({m.get('samples')} samples)"
+        for name, m in sorted(metrics.items())]
+
+
+def _decision_line(d: dict) -> str:
+    error = f"; {d['last_error']}" if d.get("last_error") and d.get("state") != "executed" else ""
+    return f"decision: {d['action']} {d['subject']} {d['state']} (#{d['id']} {d['rule']}: {d['reason']}{error})"
+
+
 def why(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
-    """The failure banner of the page, as text: exit, class, deciding line, excerpt, completeness, decisions."""
+    """The failure banner of the page, as text: outcome, the decisions on it (proposed, executed,
+    superseded...), the GPU's state, then the deciding line, excerpt and log completeness."""
     instance = args["instance"]
     try:
         detail = client.get(f"/api/v1/instances/{_quote(instance)}")
@@ -274,25 +409,29 @@ def why(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
     if detail.get("machine_id") is not None:
         decisions += client.get("/api/v1/decisions", subject=str(detail["machine_id"]))["decisions"]
     bench = detail.get("bench") or {}
+    row = _why_failed(client, instance) if bench else {}
+    outcome = detail.get("outcome") or row.get("outcome")
     if args["format"] != "table":
         doc = {"instance_id": instance, "state": detail.get("state"), "machine_id": detail.get("machine_id"),
-               "gpu_model": detail.get("gpu_model"), "bench": bench, "logs": detail.get("logs"), "decisions": decisions}
+               "gpu_model": detail.get("gpu_model"), "outcome": outcome, "bench": bench,
+               "gpu_state": [e["body"] for e in detail.get("events", []) if e.get("kind") == "gpu_state"],
+               "gpu_last_minute": row.get("gpu_last_minute"), "logs": detail.get("logs"), "decisions": decisions}
         if args["format"] == "json":
+            if isinstance(doc["gpu_last_minute"], str):
+                doc["gpu_last_minute"] = orjson.loads(doc["gpu_last_minute"])
             out.write(orjson.dumps(doc, default=str).decode() + "\n")
         else:
             print_records(decisions, DECISION_COLUMNS, "csv", out)
         return 0
     w = out.write
-    w(f"{instance}  state {detail.get('state')}  machine {detail.get('machine_id')}  {detail.get('gpu_model') or ''}\n".rstrip() + "\n")
-    if not bench:
-        w("no benchmark run reported yet\n")
-    elif bench.get("done_at") is None:
-        w(f"benchmark running since {short_time(bench.get('started_at'))}\n")
-    elif not is_failed(bench):
-        w(f"benchmark passed: exit 0, {_cell(bench.get('rate_per_hour'))} proofs/hour\n")
-    else:
-        w(f"Benchmark failed: exit code {bench.get('exit_code')}, class {bench.get('failure_class') or 'not classified yet'}"
-          f", rate {_cell(bench.get('rate_per_hour'))}, ended {short_time(bench.get('done_at'))}\n")
+    w(f"{instance}  state {detail.get('state')}  machine {detail.get('machine_id')}  {detail.get('gpu_model') or ''}".rstrip() + "\n")
+    w((_outcome_line(bench, outcome) if bench else "no benchmark run reported yet") + "\n")
+    for d in decisions:
+        w(_decision_line(d) + "\n")
+    if not decisions:
+        w("decision: none\n")
+    if bench:
+        w("\n" + "\n".join(_gpu_lines(detail.get("events", []), row.get("gpu_last_minute"))) + "\n")
     if bench.get("failure_line"):
         w(f"\ndeciding line:\n  {bench['failure_line']}\n")
     if bench.get("failure_excerpt"):
@@ -306,9 +445,4 @@ def why(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
         state = "complete" if entry.get("complete") else (
             "no logs_complete declared" if declared is None else f"INCOMPLETE: declared up to {declared}, gaps {entry.get('gaps')}")
         w(f"  {source:<14} run {entry.get('run_id')}  {entry.get('lines')} lines  {state}\n")
-    w("\ndecisions:\n")
-    if decisions:
-        print_records(decisions, DECISION_COLUMNS, "table", out)
-    else:
-        w("  none\n")
     return 0

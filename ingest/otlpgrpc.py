@@ -25,7 +25,7 @@ from ingest import otlp
 from ingest.budget import Charge, MemoryBudget
 from ingest.codec import Caps, now_us
 from ingest.auth import PUSH, InstanceRateLimiter, TokenBook, check_instances, check_role
-from ingest.errors import RequestError
+from ingest.errors import RequestError, port_unavailable
 from ingest.forward import Forwarder, merge_otlp, post_otlp, split_otlp
 from ingest.writer import Writer
 
@@ -136,15 +136,20 @@ async def start(host: str, port: int, writer: Writer, tokens: TokenBook, limiter
                 max_body_bytes: int, max_line_bytes: int, caps: Caps = Caps(),
                 budget: MemoryBudget | None = None, forwarder: Forwarder | None = None) -> tuple[grpc.aio.Server, int]:
     """``forwarder``: lake mode (parts of a request another node owns are sent there)."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_body_bytes)])
+    # grpc sets SO_REUSEPORT by default: a second server would share the port and split the exports
+    # between two databases without a word. Off, a held port fails the bind and stops start-up.
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_body_bytes), ("grpc.so_reuseport", 0)])
     logs_service_pb2_grpc.add_LogsServiceServicer_to_server(
         LogsService(writer, tokens, limiter, caps, budget, forwarder, max_line_bytes=max_line_bytes), server
     )
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
         MetricsService(writer, tokens, limiter, caps, budget, forwarder), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as e:  # newer grpcio raises where older ones returned 0
+        raise port_unavailable("OTLP/gRPC", host, port, "otlp_grpc_port", "held by another process, or not permitted") from e
     if not bound:
-        raise OSError(f"OTLP/gRPC cannot listen on {host}:{port}")
+        raise port_unavailable("OTLP/gRPC", host, port, "otlp_grpc_port", "held by another process, or not permitted")
     await server.start()
     logger.info("OTLP/gRPC listening on %s:%d", host, bound)
     return server, bound

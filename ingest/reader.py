@@ -63,7 +63,9 @@ class Reader:
         query_max_concurrent: int,
         search_max_concurrent: int,
         retry_after_s: int,
+        token_filter: bool = True,  # log_blocks is kept (file mode); the lake keeps none
     ) -> None:
+        self.token_filter = token_filter
         # DuckDB refuses ``con.cursor()`` while ``con`` is executing, so cursors come from an idle one
         self._root: duckdb.DuckDBPyConnection | None = con.cursor()
         self.index = index
@@ -154,11 +156,12 @@ class Reader:
         finally:
             self._sql.leave()
 
-    async def search(self, query: search.SearchQuery) -> tuple[list[dict[str, Any]], bool]:
-        """Fleet-wide search (``search.search``) on the search threads."""
+    async def search(self, query: search.SearchQuery) -> tuple[list[dict[str, Any]], bool, Any]:
+        """Fleet-wide search (``search.search``) on the search threads: hits, truncated, plan."""
         self._search.admit()
         try:
-            return await self._run("search", lambda con, timeout_s: search.search(con, timeout_s, query), pool=self._search.pool)
+            run = search.search if self.token_filter else functools.partial(search.search, use_filter=False)
+            return await self._run("search", lambda con, timeout_s: run(con, timeout_s, query), pool=self._search.pool)
         finally:
             self._search.leave()
 

@@ -3,7 +3,10 @@
 ``search`` runs on its own cursor with a deadline (like every read); the window ``[since_us,
 until_us)`` keeps it to the row groups whose ``ts`` can match (DuckDB's min/max zone maps), so the
 cost follows the window, not the table; and the window is searched newest part first, stopping at
-``limit`` hits. Text is matched case-insensitively as a plain substring, or
+``limit`` hits. With the token filter (``ingest/tokens.py``, file mode) only the time ranges of the
+blocks that hold every letter trigram of the text are scanned, newest first, so a rare phrase costs
+its hits' blocks and text found nowhere costs the blocks table; a regular expression, or text with
+no trigram, scans the window as before, and the answer's plan says which. Text is matched case-insensitively as a plain substring, or
 as a regular expression (RE2, DuckDB's) when ``regex`` is set; a pattern RE2 refuses is the client's
 error.
 """
@@ -16,6 +19,7 @@ from typing import Any
 
 import duckdb
 
+from ingest import tokens
 from ingest.codec import datetime_to_us
 from ingest.errors import QueryError
 from ingest.reads import deadline_cursor
@@ -66,11 +70,14 @@ def _chunks(since_us: int, until_us: int) -> list[tuple[int, int]]:
     return out
 
 
-def search(con, timeout_s: float, query: SearchQuery) -> tuple[list[dict[str, Any]], bool]:
-    """Hits as dicts (``ts`` in epoch microseconds), newest first, and whether more matched than ``limit``.
+def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True
+           ) -> tuple[list[dict[str, Any]], bool, tokens.Plan]:
+    """Hits as dicts (``ts`` in epoch microseconds), newest first, whether more matched than ``limit``,
+    and the plan (how the token filter was used).
 
     The window is searched newest part first, and the search stops once ``limit`` lines are found:
-    a common word costs a scan of the last hour, not of the whole day.
+    a common word costs a scan of its newest block (or the last hour without the filter), not of the
+    whole day. ``use_filter`` False (the lake mode, which keeps no blocks) scans the window.
     """
     if not query.text or len(query.text) > MAX_PATTERN_CHARS:
         raise QueryError(f"q: expected 1 to {MAX_PATTERN_CHARS} characters")
@@ -92,7 +99,19 @@ def search(con, timeout_s: float, query: SearchQuery) -> tuple[list[dict[str, An
     with deadline_cursor(con, timeout_s) as cur:
         if query.regex:
             check_pattern(cur, query.text)
-        for lower, upper in _chunks(query.since_us, query.until_us):
+        grams = set() if query.regex else tokens.trigrams(query.text.encode())
+        if not use_filter:
+            plan = tokens.Plan("off")
+        elif query.regex:
+            plan = tokens.Plan("regex")
+        elif not grams:
+            plan = tokens.Plan("no trigram in q")
+        else:
+            plan = tokens.Plan("trigrams")
+        ranges = (tokens.admitted_ranges(cur, grams, query.since_us, query.until_us, plan) if plan.filter == "trigrams"
+                  else _chunks(query.since_us, query.until_us))
+        for lower, upper in ranges:
+            plan.ranges_scanned += 1
             want = query.limit + 1 - len(rows)
             cur.execute(sql, {**params, "since": lower, "until": upper, "limit": want})
             rows += cur.fetchall()
@@ -102,4 +121,4 @@ def search(con, timeout_s: float, query: SearchQuery) -> tuple[list[dict[str, An
         {"instance_id": i, "source": s, "run_id": r, "seq": seq, "ts": datetime_to_us(ts), "line": line}
         for i, s, r, seq, ts, line in rows[: query.limit]
     ]
-    return hits, len(rows) > query.limit
+    return hits, len(rows) > query.limit, plan

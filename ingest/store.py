@@ -197,11 +197,14 @@ def write_batch(
     instances: dict[str, int],
     received_us: int,
     actions: list[Callable[[duckdb.DuckDBPyConnection], Any]] = (),
+    blocks: Any = None,
 ) -> tuple[list[bool], list[Any]]:
     """Write one group commit; returns, per event, whether it was new (not a duplicate), and
     what each action returned (actions run last, inside the same transaction).
 
     ``instances`` maps every instance seen in the batch to its newest timestamp (for last_seen).
+    ``blocks`` (an ``ingest.tokens.BlockWriter``, file mode) writes the token filter of the log rows in
+    the same transaction; the caller tells it whether the commit held.
     Everything happens in one transaction: on error it is rolled back and StoreError raised.
     """
     fresh: list[bool] = []
@@ -212,6 +215,8 @@ def write_batch(
         _upsert_instances(con, instances, received_us)
         if len(logs):
             _insert_logs(con, logs, received_us)
+            if blocks is not None:
+                blocks.add(con, logs.batches)
         if len(metrics):
             received = pa.scalar(received_us, TS_TYPE)  # ~10 us: only when there are metrics
             table = pa.Table.from_arrays(

@@ -108,7 +108,9 @@ class Writer:
         db_path: str | None = None,
         write_batch: Callable[..., tuple[list[bool], list[Any]]] | None = None,  # lake mode: ingest.lake's
         max_streams_per_instance: int | None = None,  # None: no cap
+        blocks: Any = None,  # an ingest.tokens.BlockWriter: the search's token filter, in each commit (file mode)
     ) -> None:
+        self._blocks = blocks
         self._max_streams_per_instance = max_streams_per_instance
         self._con = con
         self._write_batch = write_batch
@@ -285,10 +287,16 @@ class Writer:
         received_us = now_us()
         instances = self._instances_to_touch(staged.instances, received_us)
         try:
-            fresh, action_results = (self._write_batch or store.write_batch)(
-                self._con, staged.logs, staged.events, staged.metrics, instances, received_us, staged.actions
-            )
+            if self._write_batch is not None:
+                fresh, action_results = self._write_batch(
+                    self._con, staged.logs, staged.events, staged.metrics, instances, received_us, staged.actions)
+            else:
+                fresh, action_results = store.write_batch(
+                    self._con, staged.logs, staged.events, staged.metrics, instances, received_us, staged.actions,
+                    blocks=self._blocks)
         except StoreError as e:
+            if self._blocks is not None:
+                self._blocks.rolled_back()
             self._metrics.commit_errors.inc()
             if is_storage_failure(e):
                 logger.error("the database cannot write (%s); refusing writes until it is reopened", e)
@@ -315,6 +323,8 @@ class Writer:
             logger.error("commit failed: %s", e)
             _resolve(batch[0], error=e)
             return
+        if self._blocks is not None:
+            self._blocks.committed()
         self._touched(staged.instances, instances, received_us)
         self._metrics.commit_seconds.observe(time.perf_counter() - started)
         self._metrics.batch_rows.observe(len(staged.logs) + len(staged.events) + len(staged.metrics))

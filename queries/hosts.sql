@@ -1,5 +1,6 @@
 -- hosts: the deploy gate. Per machine_id: best rate, runs, $/proof, whether it is bad and why, and
---   whether an orchestrator may rent it (not bad, and its best rate, when known, >= $min_rate).
+--   whether an orchestrator may rent it (not bad, and its best rate, when known, >= $min_rate);
+--   reason says why a machine is not eligible (its exclusion, or its best rate under $min_rate).
 --   Bad: the newest of (the operator's verdict, the rule's latest unexpired exclusion) decides; an
 --   operator's verdict wins over exclusions for failures that happened before it.
 -- params: $min_rate (proofs/hour), $now (timestamp)
@@ -38,7 +39,9 @@ SELECT m.machine_id,
             ELSE r.machine_id IS NOT NULL END AS bad,
        CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at)
             THEN 'operator ' || v.verdict || ': ' || v.reason
-            ELSE r.reason END AS reason,
+            WHEN r.machine_id IS NOT NULL THEN r.reason
+            WHEN p.best_rate < $min_rate  -- not bad, yet not eligible: say why
+            THEN 'best rate ' || round(p.best_rate, 2)::VARCHAR || ' proofs/hour < min_rate ' || $min_rate::VARCHAR END AS reason,
        CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at) THEN 'operator'
             WHEN r.machine_id IS NOT NULL THEN 'rule' END AS verdict_by,
        CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at) THEN v.expires_at

@@ -108,8 +108,9 @@ def test_why_prints_the_failure_banner_as_text(server):
     assert "deciding line:\n  " + OOM_DAEMON_LOG[3] in out
     assert "excerpt:\n  " + OOM_DAEMON_LOG[-2] in out
     assert "benchdaemon" in out and "5 lines  complete" in out
-    assert "destroy" in out and "exclude_host" in out and "55891" in out  # the decisions on it and its machine
-    assert max(len(line) for line in lines_of(out.split("decisions:\n")[1])) <= 100  # log text is never cut
+    head = lines_of(out)[:5]  # the decisions on it and its machine, up top
+    assert any(h.startswith("decision: destroy C.32733029 proposed") for h in head), out
+    assert any(h.startswith("decision: exclude_host 55891 executed") for h in head), out
     doc = orjson.loads(fleetlog("why", "C.32733029", "--format", "json", "--server", server.url).stdout)
     assert doc["bench"]["failure_class"] == "oom" and doc["logs"]["benchout"]["complete"] is True
     missing = fleetlog("why", "C.nope", "--server", server.url)
@@ -133,9 +134,8 @@ def test_search_finds_a_line_across_the_fleet(server):
     assert proc.returncode == 0, proc.stderr
     rows = lines_of(proc.stdout)
     assert rows[0].split() == ["ts", "instance", "source", "seq", "line"]
-    assert "C.32733029" in rows[2] and "benchdaemon" in rows[2] and OOM_DAEMON_LOG[3][:40] in rows[2]
-    assert rows[2].endswith("…")  # cut to fit; --format json carries the whole line
-    assert max(len(r) for r in rows) <= 100 and rows[-1] == "(1 row)"
+    assert "C.32733029" in rows[2] and "benchdaemon" in rows[2] and rows[2].endswith(OOM_DAEMON_LOG[3])  # never cut
+    assert rows[-1] == "(1 row)"
     hits = orjson.loads(fleetlog("search", "ERROR.*panicked", "--regex", "--since", "7d", "--format", "json",
                                  "--server", server.url).stdout)
     assert [h["line"] for h in hits] == [OOM_DAEMON_LOG[4]]

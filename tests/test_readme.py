@@ -56,3 +56,26 @@ def test_links_stay_inside_the_repository_and_resolve():
                 continue
             assert (doc.parent / target).resolve().is_file(), f"{doc.name}: {target}"
             assert REPO in (doc.parent / target).resolve().parents, f"{doc.name}: {target} is outside the repository"
+
+
+def test_readme_says_how_to_move_off_the_default_ports():
+    for text in ("--port", "--otlp-grpc-port", "FLEETLOG_PORT", "FLEETLOG_OTLP_GRPC_PORT"):
+        assert text in README, text
+
+
+async def test_quick_start_push_lands_in_a_run_that_completes(client):
+    """Step 4's bodies, posted as written: the line is in the run the agent's follow shows, and the
+    stream it opens ends complete (not "1/1 incomplete" for good)."""
+    import orjson
+
+    quick = README[README.index("## Quick start"):README.index("## Documentation")]
+    bodies = [(path, orjson.loads(body)) for path, body in re.findall(r"curl -s 127\.0\.0\.1:8080(/api/v1/\w+) -d '(.*?)'", quick, re.S)]
+    assert any(path == "/api/v1/logs" for path, _ in bodies), bodies
+    for path, body in bodies:
+        r = await client.post(path, data=orjson.dumps(body))
+        assert r.status == 200, await r.text()
+    pushed = next(body for path, body in bodies if path == "/api/v1/logs")
+    assert pushed.get("run_id") not in (None, "0"), pushed  # run "0" is what a push with no run_id lands in
+    detail = await (await client.get(f"/api/v1/instances/{pushed['instance_id']}")).json()
+    entry = detail["logs"][pushed["source"]]
+    assert entry["run_id"] == pushed["run_id"] and entry["complete"] is True, detail["logs"]

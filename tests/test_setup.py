@@ -75,3 +75,23 @@ def test_the_script_passes_shellcheck():
         pytest.fail("shellcheck is not installed: make test installs it (scripts/test-deps.sh)")
     proc = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout
+
+
+def make_dry_run(target: str, venv: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    proc = subprocess.run(["make", "--no-print-directory", "-n", f"VENV={venv}", target], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_make_run_installs_only_the_server_extra_and_make_test_the_test_extra(tmp_path):
+    run = make_dry_run("run", tmp_path / "venv")
+    assert "-e '.[server]'" in run and ".[test]" not in run, run
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / ".installed-server").touch()  # `make run` was done: `make test` still installs the test extra
+    test = make_dry_run("test", tmp_path / "venv")
+    assert "-e '.[test]'" in test, test
+    for stamp in (".installed-test", ".installed-server"):  # what `make test` leaves: `make run` needs nothing more
+        (tmp_path / "venv" / stamp).touch()
+    assert "pip install" not in make_dry_run("run", tmp_path / "venv")

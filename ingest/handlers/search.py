@@ -1,7 +1,8 @@
 """``GET /api/v1/search?q=&regex=0|1&since=&until=&source=&instance=&limit=``: log lines across the fleet.
 
-Answers ``{"hits": [{"instance_id", "source", "run_id", "seq", "ts", "line"}], "truncated"}``, newest
-first. ``since`` and ``until`` are a duration back from now (``90s``, ``30m``, ``24h``, ``7d``), epoch
+Answers ``{"hits": [{"instance_id", "source", "run_id", "seq", "ts", "line"}], "truncated", "scanned"}``,
+newest first; ``scanned`` is the plan (``ingest.tokens.Plan``: whether the token filter pruned, how many
+blocks the window holds and how many were admitted). ``since`` and ``until`` are a duration back from now (``90s``, ``30m``, ``24h``, ``7d``), epoch
 seconds or ISO-8601; ``since`` defaults to 24 hours ago, ``until`` to now. ``limit`` (default 100) is
 capped at 1000. The read token suffices.
 """
@@ -56,7 +57,7 @@ async def get_search(request: web.Request) -> web.Response:
         source=request.query.get("source") or None, instance_id=request.query.get("instance") or None,
         limit=min(int_param(request, "limit", search.DEFAULT_LIMIT, minimum=1), search.MAX_LIMIT),  # capped
     )
-    hits, truncated = await request.app[DB].search(query)  # on the search threads, not the page's
+    hits, truncated, plan = await request.app[DB].search(query)  # on the search threads, not the page's
     for hit in hits:
         hit["ts"] = ts_to_iso(hit["ts"])
-    return json_response({"hits": hits, "truncated": truncated})
+    return json_response({"hits": hits, "truncated": truncated, "scanned": plan.as_dict()})

@@ -1,0 +1,179 @@
+"""The token filter: which blocks of log lines may hold a text (table ``log_blocks``, migration 014).
+
+Invariants:
+- Every log row the writer commits is counted in exactly one block, in the same transaction as the row
+  (``BlockWriter.add`` runs inside ``store.write_batch``). A block is a run of consecutive rows in
+  commit order, at most ``BLOCK_LINES`` long, with the ``[min_ts, max_ts]`` of its rows and ``bits``:
+  a bitset of ``26**3`` bits holding at least every letter trigram of its lines. Extra bits are always
+  allowed (they only make a search scan more); a missing one would lose a hit, so none may be missing.
+- Rows stored before migration 014 are in the catch-all block 0 (every bit set, their whole ts range).
+- A letter trigram is three consecutive letters a-z after folding: ASCII letters lowered, the two
+  characters DuckDB's ``lower`` (hence ``ILIKE``) turns into ASCII letters (U+212A KELVIN SIGN -> k,
+  U+0130 -> i) folded the same way, and every other byte a separator. Whenever ``line ILIKE '%q%'``
+  holds, each maximal letter run of the folded ``q`` is a substring of a letter run of the folded line,
+  so every trigram of ``q`` is a trigram of the line: a block missing one cannot match.
+- Digits are separators: numbers and hex ids do not prune (in a block of 8,192 lines every digit and
+  hex trigram is present anyway); words do. A query with no trigram (``q``'s letter runs all shorter
+  than 3) and a regular expression cannot use the filter: they scan the window, and say so.
+- Lines written around the writer (straight into ``logs``) are in no block and a filtered search
+  misses them: ``cover_unindexed`` adds a catch-all block for them. The lake mode keeps no blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+BLOCK_LINES = 8192  # lines per block: an admitted block costs a scan of about this many lines
+NBITS = 26 ** 3
+_FOLD = bytes(c + 32 if 65 <= c <= 90 else c if 97 <= c <= 122 else 32 for c in range(256))
+_TO_ASCII = ((b"\xe2\x84\xaa", b"k"), (b"\xc4\xb0", b"i"))  # U+212A, U+0130: DuckDB's lower() gives k, i
+
+
+def fold(data: bytes) -> bytes:
+    """UTF-8 text with every letter lowered to a-z and every other byte a space."""
+    for seq, ascii_letter in _TO_ASCII:
+        if seq in data:
+            data = data.replace(seq, ascii_letter)
+    return data.translate(_FOLD)
+
+
+def trigrams(data: bytes) -> set[int]:
+    """The letter trigrams of UTF-8 text (lines concatenated are fine: a trigram across two lines is an
+    extra bit, never a missing one), as bit positions."""
+    out: set[int] = set()
+    for run in set(fold(data).split()):
+        for i in range(len(run) - 2):
+            out.add((run[i] - 97) * 676 + (run[i + 1] - 97) * 26 + run[i + 2] - 97)
+    return out
+
+
+def bitstring(grams: set[int]) -> str:
+    """The bit positions as DuckDB's BIT literal (position 0 first)."""
+    chars = bytearray(b"0" * NBITS)
+    for g in grams:
+        chars[g] = 49
+    return chars.decode()
+
+
+@dataclass
+class _Block:
+    block: int
+    lines: int
+    min_us: int
+    max_us: int
+    grams: set[int] = field(default_factory=set)
+    stored: bool = False  # its row exists: the commit updates it rather than inserting it
+
+
+class BlockWriter:
+    """The writer's side: the open block, extended by each commit (on the writer thread only).
+
+    ``add`` writes the blocks a commit touches inside its transaction and keeps them pending;
+    ``committed`` makes them the state, ``rolled_back`` forgets them (the retry recomputes them)."""
+
+    def __init__(self, block_lines: int = BLOCK_LINES) -> None:
+        self.block_lines = block_lines
+        self._open: _Block | None = None
+        self._next_id: int | None = None
+        self._pending: tuple[_Block | None, int] | None = None
+
+    def _load(self, con: duckdb.DuckDBPyConnection) -> None:
+        (top,) = con.execute("SELECT coalesce(max(block), 0) FROM log_blocks").fetchone()
+        self._next_id = top + 1  # after a restart a new block begins: the last one may stay short
+
+    def add(self, con: duckdb.DuckDBPyConnection, batches: list[pa.RecordBatch]) -> None:
+        if self._next_id is None:
+            self._load(con)
+        block = self._open
+        next_id = self._next_id
+        if block is not None:
+            block = _Block(block.block, block.lines, block.min_us, block.max_us, set(block.grams), True)
+        touched: list[_Block] = []
+        for batch in batches:
+            lines, ts = batch.column("line"), batch.column("ts").cast(pa.int64())
+            start = 0
+            while start < batch.num_rows:
+                if block is None or block.lines >= self.block_lines:
+                    block = _Block(next_id, 0, 0, 0)
+                    next_id += 1
+                n = min(self.block_lines - block.lines, batch.num_rows - start)
+                _, offsets, data = lines.buffers()
+                if data is not None:  # the bytes of rows [start, start + n), through the int32 offsets
+                    at = memoryview(offsets).cast("i")
+                    lo, hi = at[lines.offset + start], at[lines.offset + start + n]
+                    block.grams |= trigrams(data.slice(lo, hi - lo).to_pybytes())
+                bounds = pc.min_max(ts.slice(start, n))
+                lo_us, hi_us = bounds["min"].as_py(), bounds["max"].as_py()
+                block.min_us = lo_us if block.lines == 0 else min(block.min_us, lo_us)
+                block.max_us = hi_us if block.lines == 0 else max(block.max_us, hi_us)
+                block.lines += n
+                if not touched or touched[-1] is not block:
+                    touched.append(block)
+                start += n
+        for b in touched:
+            params = {"b": b.block, "n": b.lines, "lo": b.min_us, "hi": b.max_us, "bits": bitstring(b.grams)}
+            if b.stored:
+                con.execute("UPDATE log_blocks SET lines = $n, min_ts = make_timestamp($lo), max_ts = make_timestamp($hi), "
+                            "bits = $bits::BIT WHERE block = $b", params)
+            else:
+                con.execute("INSERT INTO log_blocks VALUES ($b, make_timestamp($lo), make_timestamp($hi), $n, $bits::BIT)", params)
+        self._pending = (block, next_id)
+
+    def committed(self) -> None:
+        if self._pending is not None:
+            self._open, self._next_id = self._pending
+            if self._open is not None:
+                self._open.stored = True
+            self._pending = None
+
+    def rolled_back(self) -> None:
+        self._pending = None
+
+
+def cover_unindexed(con: duckdb.DuckDBPyConnection) -> None:
+    """A catch-all block (every bit set) over the ts range of every stored line: for rows written
+    straight into ``logs`` (benchmarks, tools), which a filtered search would otherwise miss."""
+    con.execute(
+        "INSERT INTO log_blocks SELECT (SELECT coalesce(max(block), 0) + 1 FROM log_blocks), min(ts), max(ts), count(*), "
+        f"repeat('1', {NBITS})::BIT FROM logs HAVING count(*) > 0"
+    )
+
+
+@dataclass
+class Plan:
+    """How a search used the filter: rendered as the answer's ``scanned``."""
+
+    filter: str  # "trigrams", or why not: "no trigram in q", "regex", "off"
+    blocks: int = 0  # blocks overlapping the window
+    blocks_admitted: int = 0  # of those, the ones that may hold a hit (all of them without the filter)
+    ranges_scanned: int = 0  # time ranges scanned (admitted blocks merged), newest first until the limit
+
+    def as_dict(self) -> dict:
+        return {"filter": self.filter, "blocks": self.blocks, "blocks_admitted": self.blocks_admitted,
+                "ranges_scanned": self.ranges_scanned}
+
+
+def admitted_ranges(cur: duckdb.DuckDBPyConnection, grams: set[int], since_us: int, until_us: int,
+                    plan: Plan) -> list[tuple[int, int]]:
+    """The parts ``[lower, upper)`` of the window that blocks holding every trigram cover, newest first,
+    merged so that none overlaps another (a row is scanned once)."""
+    test = " AND ".join(f"get_bit(bits, {g}) = 1" for g in sorted(grams))
+    rows = cur.execute(
+        f"SELECT epoch_us(min_ts), epoch_us(max_ts), {test} FROM log_blocks "
+        "WHERE max_ts >= make_timestamp($since) AND min_ts < make_timestamp($until)",
+        {"since": since_us, "until": until_us},
+    ).fetchall()
+    plan.blocks = len(rows)
+    spans = sorted((max(lo, since_us), min(hi + 1, until_us)) for lo, hi, may in rows if may)
+    plan.blocks_admitted = len(spans)
+    merged: list[list[int]] = []
+    for lo, hi in spans:  # oldest first
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return [(lo, hi) for lo, hi in reversed(merged)]
