@@ -339,15 +339,19 @@ class PolicyEngine:
 
     async def _carry_out_proposed(self, proposed: list[dict[str, Any]], report: CycleReport) -> None:
         destroys = [d for d in proposed if d["action"] == "destroy"]
-        calls = 0
-        for i, decision in enumerate(destroys):  # waiting longest first
-            if calls >= self.cap:
-                report.capped = len(destroys) - i
-                self.metrics.policy_capped.inc(report.capped)
-                logger.warning("%d destroys proposed, %d actuator calls made (destroy_cap_per_cycle); %d wait for the next run",
-                               len(destroys), calls, report.capped)
-                break
-            calls += await self._destroy(decision, report)
+        calls = done = 0
+        while done < len(destroys) and calls < self.cap:
+            # waiting longest first, in waves carried out side by side (one actuator call does not wait
+            # for another, and their records share the writer's commits); a destroy skipped or
+            # superseded makes no call, so the next wave fills the cap with the next ones
+            wave = destroys[done:done + self.cap - calls]
+            done += len(wave)
+            calls += sum(await asyncio.gather(*(self._destroy(decision, report) for decision in wave)))
+        if done < len(destroys):
+            report.capped = len(destroys) - done
+            self.metrics.policy_capped.inc(report.capped)
+            logger.warning("%d destroys proposed, %d actuator calls made (destroy_cap_per_cycle); %d wait for the next run",
+                           len(destroys), calls, report.capped)
         for decision in (d for d in proposed if d["action"] == "delete_logs"):
             if not await self._still_selected(decision, report):
                 continue

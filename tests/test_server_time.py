@@ -113,3 +113,27 @@ async def test_agent_clock_an_hour_behind_does_not_freeze_the_class_before_a_lat
                                         "lines": [{"seq": 0, "ts": iso(now - skew), "line": "CUDA error: out of memory"}]})
     await run_policies(client)
     assert rows(client, "SELECT failure_class FROM bench_runs WHERE instance_id = 'C.late'") == [("oom",)]
+
+
+async def test_a_failed_run_not_classed_yet_is_neither_destroyed_nor_blamed_on_its_machine(make_client):
+    """Rules run one after the other: a bench_done stored after the class rule ran, and before the
+    destroy rule did, was destroyed "unclassified" (seen in the fleet simulation under load)."""
+    from ingest.keys import CORE, DB
+
+    client = await make_client()
+    now = utcnow()
+    await _run(client, "C.gpu", 55001, started=now - dt.timedelta(minutes=10), done=now, exit_code=2, rate=None,
+               run_id="r1", lines={"benchdaemon": ["NVRM: Xid (PCI:0000:41:00): 79, pid=4242, GPU has fallen off the bus."]})
+    engine = client.app[CORE].policy
+    values = engine.params.values(utcnow())
+    cur = client.app[DB].cursor()
+    try:  # the two rules as the engine runs them, before the class rule has seen the run
+        for name in ("bad_hosts", "destroy_below_min_rate"):
+            [rule] = [r for r in engine.rules if r.name == name]
+            got = cur.execute(f"SELECT count(*) FROM ({rule.sql})", {p: values[p] for p in rule.params}).fetchall()
+            assert got == [(0,)], name
+    finally:
+        cur.close()
+    await run_policies(client)  # the class rule first, then the others: now it is classed, and acted on
+    assert rows(client, "SELECT failure_class FROM bench_runs WHERE instance_id = 'C.gpu'") == [("gpu_lost",)]
+    assert len(_destroys(client, "C.gpu")) == 1

@@ -14,6 +14,7 @@ WITH counted AS (
     FROM failures f
     WHERE f.machine_id IS NOT NULL
       AND f.instance_id NOT IN (SELECT instance_id FROM unvouched_instances)  -- nobody the operator trusts stood behind it
+      AND f.failure_class IS NOT NULL  -- not classed yet (its bench_done arrived after this run's class rule): next run
 )
 SELECT c.machine_id::VARCHAR AS subject,
        'exclude_host' AS action,

@@ -10,6 +10,8 @@
 WITH doomed AS MATERIALIZED (
     SELECT * FROM instance_phase
     WHERE NOT killed AND failing
+      -- a failed run not classed yet (its bench_done arrived after this run's class rule) waits for the next run
+      AND NOT (outcome = 'failed' AND failure_class IS NULL)
       AND instance_id NOT IN (SELECT instance_id FROM unvouched_instances)
       AND (evidence_complete OR known_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP)
 ),
