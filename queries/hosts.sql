@@ -10,13 +10,20 @@ WITH machines AS (
     SELECT DISTINCT machine_id FROM instances WHERE machine_id IS NOT NULL
     UNION SELECT machine_id FROM host_verdicts
 ),
+exclusions AS MATERIALIZED (
+    SELECT subject, reason, evidence, expires_at FROM decisions
+    WHERE action = 'exclude_host' AND state = 'executed' AND (expires_at IS NULL OR expires_at > $now::TIMESTAMP)
+),
 rule_exclusions AS (
     SELECT subject::BIGINT AS machine_id,
            arg_max(reason, (evidence->>'done_at')::TIMESTAMP) AS reason,
            max((evidence->>'done_at')::TIMESTAMP) AS failed_at,
            max(expires_at) AS expires_at
-    FROM decisions
-    WHERE action = 'exclude_host' AND state = 'executed' AND (expires_at IS NULL OR expires_at > $now::TIMESTAMP)
+    FROM exclusions d
+    -- the failure it was decided on still stands: a run judged hung whose bench_done came after all
+    -- (passed) no longer excludes its machine
+    WHERE EXISTS (SELECT 1 FROM failures f WHERE f.instance_id = (d.evidence->>'instance_id')
+                                           AND f.failed_at = TRY_CAST(d.evidence->>'done_at' AS TIMESTAMP))
     GROUP BY 1
 ),
 verdicts AS (

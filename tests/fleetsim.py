@@ -51,6 +51,9 @@ FATES = {
     "params": (True, "param_fetch"),
 }
 MACHINE_BLAMED = {"oom", "gpu_lost", "cuda_error"}
+# tokens on, as a fleet runs: the image carries the enrollment token, the deployer declares each id it
+# creates (docs/agent.md), the harness reads with the admin token
+ENROLL_TOKEN, READ_TOKEN, ADMIN_TOKEN = "sim-enroll-token", "sim-read-token", "sim-admin-token"
 BENCH_SOURCES = ("benchout", "benchdaemon", "benchresults")
 
 
@@ -197,6 +200,8 @@ def _env(m: Member, server_url: str, agent_bin: Path) -> dict[str, str]:
         "SIM_LINES": "20",
         "SIM_ROTATE": str(m.rotate),
         "SIM_HOLD_FILE": str(m.home / "hold") if m.restart else "",
+        "FLEETLOG_ENROLL_TOKEN": ENROLL_TOKEN,
+        "FLEETLOG_AGENT_TOKEN_FILE": str(m.home / "state" / "instance.token"),
     }
     if m.fate == "params":
         env["STANDIN_PARAMS_EXIT"] = "3"
@@ -207,7 +212,7 @@ class Fleet:
     def __init__(self, members: list[Member], workdir: Path, server_url: str, agent_url: str, sim_dir: Path) -> None:
         self.members = members
         self.workdir = workdir
-        self.client = Client(server_url, timeout_s=60)
+        self.client = Client(server_url, token=ADMIN_TOKEN, timeout_s=60)
         self.agent_url = agent_url
         self.sim_dir = sim_dir
         self.agent_bin = Path(sys.executable).parent
@@ -422,15 +427,20 @@ def run(workdir: Path, n: int = 40, machines: int = 18, interval_s: float = 1.0,
     server = ServerProcess(workdir / "fleet.duckdb", workdir / "server.log",
                            "--policy-interval-s", str(interval_s), "--policy-execute", "--destroy-grace-s", str(grace_s),
                            "--bench-timeout-s", str(bench_timeout_s), "--actuator-command", actuator,
-                           "--destroy-cap-per-cycle", "3").start(timeout_s=120)
+                           "--destroy-cap-per-cycle", "3", "--enroll-token", ENROLL_TOKEN, "--read-token", READ_TOKEN,
+                           "--admin-token", ADMIN_TOKEN).start(timeout_s=120)
     proxy = Proxy(server.port)
     members = plan(n, machines)
     fleet = Fleet(members, workdir / "instances", server.url, proxy.url, sim_dir)
+    ids = [m.instance_id for m in members]
+    for i in range(0, len(ids), 10):  # the deployer declares the ids it created (at most 10 a request)
+        fleet.client.post("/api/v1/admin/instances", {"instance_ids": ids[i:i + 10]})
     t0 = time.monotonic()
     faults = [(6.0, "server"), (12.0, "cut")] + ([(30.0, "server")] if server_kills > 1 else [])
     faults = [f for f in faults if f[1] != "server"] + [f for f in faults if f[1] == "server"][:server_kills]
     faults.sort()
     pending_restart = {m.instance_id for m in members if m.restart}
+    restarts: list[threading.Thread] = []
     expected = {m.instance_id for m in members if m.destroy_expected}
     healthy = {m.instance_id for m in members if m.fate == "healthy"}
     try:
@@ -448,7 +458,8 @@ def run(workdir: Path, n: int = 40, machines: int = 18, interval_s: float = 1.0,
                     m = next(x for x in members if x.instance_id == iid)
                     if fleet.stored_line(iid, "Benchmark result:%"):
                         pending_restart.discard(iid)
-                        fleet.restart_agent(m)
+                        restarts.append(threading.Thread(target=fleet.restart_agent, args=(m,), daemon=True))
+                        restarts[-1].start()  # side by side: a held benchmark must not outwait bench_timeout_s
                         fleet.say(f"{iid}: benchmark agent SIGKILLed after its rate line was stored; container restarted")
                 done = {r["subject"] for r in fleet.sql(
                     "SELECT subject FROM decisions WHERE action = 'destroy' AND state = 'executed'")}
@@ -458,7 +469,8 @@ def run(workdir: Path, n: int = 40, machines: int = 18, interval_s: float = 1.0,
                 fleet.say(f"poll failed: {type(e).__name__}: {e}")
                 time.sleep(0.5)
                 continue
-            if not faults and not pending_restart and expected <= done and healthy <= passed | done:
+            if not faults and not pending_restart and not any(t.is_alive() for t in restarts) \
+                    and expected <= done and healthy <= passed | done:
                 settled = True
                 break
             time.sleep(0.5)

@@ -40,3 +40,22 @@ async def test_instances_failed_lists_every_instance_the_destroy_rule_would_take
     out = io.StringIO()
     oncall.print_records([r for r in rows if oncall.is_failed(r)], oncall.INSTANCE_COLUMNS, "table", out)
     assert "C.slow" in out.getvalue() and "C.good" not in out.getvalue()
+
+
+async def test_a_machine_excluded_for_a_hung_run_that_then_passed_is_eligible_again(make_client):
+    """The run looked hung (no bench_done within bench_timeout_s), then its bench_done came: passed.
+    The exclusion was decided on a failure that no longer stands (seen in the fleet simulation)."""
+    from tests.fleet import hung_instance, iso, post
+    import datetime as dt
+
+    client = await make_client(exclude_repeat_failures=1)
+    started = utcnow() - dt.timedelta(hours=3)
+    await hung_instance(client, "C.late", 777, started=started)
+    await run_policies(client, execute=True)
+    host = (await (await client.get("/api/v1/hosts/777")).json())
+    assert host["bad"] is True, host
+    await post(client, "/api/v1/events", {"instance_id": "C.late", "kind": "bench_done", "ts": iso(utcnow()),
+                                          "exit_code": 0, "rate_per_hour": 44.1, "duration_s": 10800.0})
+    await run_policies(client)
+    host = (await (await client.get("/api/v1/hosts/777")).json())
+    assert host["bad"] is False and host["eligible"] is True, host
