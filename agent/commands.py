@@ -248,6 +248,8 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
         if findings.rate is not None and findings.rate.rate is not None:
             done["rate_per_hour"] = findings.rate.rate
             done["rate_line"] = findings.rate.line
+        if findings.proofs is not None and findings.proofs.count is not None:
+            done["proofs_ok"] = findings.proofs.count
         oom_kills = _oom_kills_during(run)
         if oom_kills is not None:
             done["host_oom_kills"] = oom_kills

@@ -348,6 +348,8 @@ def _outcome_line(bench: dict, outcome: str | None) -> str:
     """What became of the latest run, by the server's ``outcome`` (bench_outcomes) when it has one."""
     rate = bench.get("rate_per_hour")
     rate_text = f"{_cell(rate)} proofs/hour" if rate else "rate not measured"
+    if bench.get("proofs_ok") is not None:  # the agent's count of completed proofs: "5 of 12 proofs"
+        rate_text = f"{bench['proofs_ok']} of {bench.get('proofs') if bench.get('proofs') is not None else '?'} proofs, " + rate_text
     ended = f", ended {short_time(bench.get('done_at'))}" if bench.get("done_at") else ""
     if outcome is None:
         outcome = "running" if bench.get("done_at") is None else "failed" if is_failed(bench) else "passed"
