@@ -424,6 +424,8 @@ def why(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
     w = out.write
     w(f"{instance}  state {detail.get('state')}  machine {detail.get('machine_id')}  {detail.get('gpu_model') or ''}".rstrip() + "\n")
     w((_outcome_line(bench, outcome) if bench else "no benchmark run reported yet") + "\n")
+    if row.get("failure_cost_usd") is not None:  # the failure_costs view (migration 015)
+        w(f"this failure cost ${row['failure_cost_usd']:.2f} (dph x hours from the instance's start to the failure)\n")
     for d in decisions:
         w(_decision_line(d) + "\n")
     if not decisions:

@@ -2,7 +2,8 @@
 --   and the line that decided it, whether that class is final, the agent's excerpt) with the GPU's state
 --   in the last minute before each run ended (mean and max of every GPU metric the agent sent,
 --   DCGM-exporter names), the phase it failed in (instance_phase), and its logs' completeness
---   (instance_logs: complete, streams incomplete, seqs missing, lines dropped).
+--   (instance_logs: complete, streams incomplete, seqs missing, lines dropped), and what a failed run
+--   cost (failure_costs: dph x hours from the instance's start to the failure).
 -- params: $instance_id
 WITH runs AS (
     SELECT b.*, i.machine_id, i.gpu_model FROM bench_outcomes b JOIN instances i USING (instance_id)
@@ -22,8 +23,10 @@ SELECT r.instance_id, r.machine_id, r.gpu_model, r.started_at, r.done_at, r.outc
         FROM gpu g WHERE g.outcome_at = r.outcome_at) AS gpu_last_minute,
        p.failed_phase, p.phase,
        (SELECT list(DISTINCT source ORDER BY source) FROM log_streams s WHERE s.instance_id = r.instance_id) AS log_sources,
-       l.complete AS logs_complete, l.incomplete_streams, l.missing AS log_lines_missing, l.dropped AS log_lines_dropped
+       l.complete AS logs_complete, l.incomplete_streams, l.missing AS log_lines_missing, l.dropped AS log_lines_dropped,
+       fc.cost_usd AS failure_cost_usd
 FROM runs r
 LEFT JOIN instance_phase p USING (instance_id)
 LEFT JOIN instance_logs l USING (instance_id)
+LEFT JOIN failure_costs fc ON fc.instance_id = r.instance_id AND fc.phase = 'benchmark' AND fc.failed_at = r.outcome_at
 ORDER BY r.outcome_at
