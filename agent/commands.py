@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import orjson
 
-from agent import gpu
+from agent import gpu, hostmem
 from agent.config import AgentSettings, Invocation
 from agent.echo import Echo
 from agent.gpuexport import GpuTelemetry, default_endpoint, same_origin
@@ -143,6 +143,9 @@ def _start_run(rec: Recorder, inv: Invocation) -> dict:
         done_event=s.done_event,
         grace_s=s.grace_s,
         max_duration_s=s.max_duration_s,
+        oom_kills_at_start=hostmem.oom_kills(s.proc_root, s.cgroup_root) if inv.command == "run" else None,
+        proc_root=s.proc_root,
+        cgroup_root=s.cgroup_root,
     )
     if inv.command in ("run", "wrap"):
         rec.state.findings = Findings.for_run(rec.state.run)
@@ -172,6 +175,7 @@ def _start_gpu(rec: Recorder, s: AgentSettings) -> GpuTelemetry | None:
         telemetry = GpuTelemetry.start(
             nvml_spec=s.nvml_module, instance_id=s.instance_id, interval_s=s.gpu_interval_s, timeout_s=s.otlp_timeout_s,
             endpoint=endpoint, machine_id=s.machine_id, token=credentials.current if same_origin(endpoint, s.server) else None,
+            proc_root=s.proc_root, cgroup_root=s.cgroup_root,
         )
     except Exception:  # GPU telemetry is never a reason not to ship the logs
         logger.exception("GPU telemetry could not start; shipping the logs without it")
@@ -244,6 +248,11 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
         if findings.rate is not None and findings.rate.rate is not None:
             done["rate_per_hour"] = findings.rate.rate
             done["rate_line"] = findings.rate.line
+        if findings.proofs is not None and findings.proofs.count is not None:
+            done["proofs_ok"] = findings.proofs.count
+        oom_kills = _oom_kills_during(run)
+        if oom_kills is not None:
+            done["host_oom_kills"] = oom_kills
         dropped = {s: n for s, n in rec.state.dropped.items() if n}
         if dropped:
             done["dropped_lines"] = dropped
@@ -264,6 +273,16 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
         what += f", timed out after {limit.max_duration_s:g} s"
     logger.info("command ended (%s)", what)
     return 1 if exit_code is None else exit_code
+
+
+def _oom_kills_during(run: dict) -> int | None:
+    """How many processes the container's cgroup OOM-killed since the run started (None: unknown).
+    The count at the start is in the run's state, so an adopted run counts from the same start."""
+    start = run.get("oom_kills_at_start")
+    if start is None:
+        return None
+    now = hostmem.oom_kills(run.get("proc_root", hostmem.DEFAULT_PROC_ROOT), run.get("cgroup_root", hostmem.DEFAULT_CGROUP_ROOT))
+    return None if now is None else max(0, now - start)
 
 
 async def _adopt(rec: Recorder, signals: Signals, telemetry: GpuTelemetry | None = None) -> int:

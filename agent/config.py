@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import orjson
 
+from agent.hostmem import DEFAULT_CGROUP_ROOT, DEFAULT_PROC_ROOT
 from agent.result import DEFAULT_RATE_REGEX, compile_rate_regex
 from agent.spool import FULL_POLICIES
 
@@ -88,6 +89,8 @@ class AgentSettings:
     gpu_interval_s: float = _setting(5.0, "sample every GPU through NVML this often and export it over OTLP; 0 turns GPU telemetry off", commands=GPU, minimum=0, metavar="S")
     otlp_endpoint: str | None = _setting(None, "OTLP/HTTP metrics endpoint the GPU samples go to, any OpenTelemetry backend (default: SERVER/v1/metrics)", commands=GPU, metavar="URL")
     otlp_timeout_s: float = _setting(10.0, "an OTLP export gives up after this long; so does the final flush before bench_done", commands=GPU, minimum=0.1, metavar="S")
+    proc_root: str = _setting(DEFAULT_PROC_ROOT, "where /proc is (host memory: meminfo); a testing seam, or a host's /proc mounted elsewhere", commands=GPU, metavar="DIR")
+    cgroup_root: str = _setting(DEFAULT_CGROUP_ROOT, "where the container's cgroup tree is (memory.current, memory.max, memory.events' oom_kill; cgroup v1: memory/)", commands=GPU, metavar="DIR")
     nvml_module: str | None = _setting(None, "testing seam: import this instead of pynvml: package.module or /path/file.py, with :attribute for an object in it", commands=GPU, metavar="MODULE", hidden=True)
 
     def __post_init__(self) -> None:

@@ -2,7 +2,10 @@
 
 A ``MeterProvider`` with one observable gauge per DCGM-exporter field; each callback reads the
 sampler's latest sample of every GPU, and a ``PeriodicExportingMetricReader`` hands them to the
-OTLP/HTTP exporter every sampling interval. A sample is observed at most once per field (a gauge
+OTLP/HTTP exporter every sampling interval. Beside them, the host's memory (``agent/hostmem.py``:
+/proc/meminfo and the container's cgroup), read at each collection as prometheus-client's process
+collector reads /proc: ``HOST_GAUGES`` and ``fleetlog_cgroup_oom_kills_total``, each left out while
+its file cannot be read. A sample is observed at most once per field (a gauge
 without a new sample is left out of the export, not repeated). The resource says whose GPUs these
 are: ``service.instance.id`` = the instance, ``service.name`` = ``fleetlog-agent``.
 
@@ -34,7 +37,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMe
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
-from agent import nvml
+from agent import hostmem, nvml
 from agent.gpusampler import GpuSampler
 
 logger = logging.getLogger(__name__)
@@ -42,6 +45,14 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = "fleetlog-agent"
 METRICS_PATH = "/v1/metrics"
 METER = "fleetlog-agent.gpu"
+
+# name -> (HostMemory field, description); all in bytes
+HOST_GAUGES: dict[str, tuple[str, str]] = {
+    "fleetlog_host_memory_available_bytes": ("available_bytes", "MemAvailable of /proc/meminfo"),
+    "fleetlog_host_memory_total_bytes": ("total_bytes", "MemTotal of /proc/meminfo"),
+    "fleetlog_cgroup_memory_current_bytes": ("cgroup_current_bytes", "the container cgroup's memory.current (v1: memory.usage_in_bytes)"),
+    "fleetlog_cgroup_memory_max_bytes": ("cgroup_max_bytes", "the container cgroup's memory.max (v1: memory.limit_in_bytes); absent when unlimited"),
+}
 
 
 def default_endpoint(server_url: str) -> str:
@@ -78,9 +89,13 @@ class GpuMetrics:
         endpoint: str | None = None,
         token: Callable[[], str | None] | None = None,
         exporter: MetricExporter | None = None,
+        host: Callable[[], hostmem.HostMemory] | None = None,
     ) -> None:
-        """``exporter``: the OTLP/HTTP exporter to ``endpoint`` unless one is given (a benchmark's)."""
+        """``exporter``: the OTLP/HTTP exporter to ``endpoint`` unless one is given (a benchmark's);
+        ``host``: reads the host's memory at each collection (None: not exported)."""
         self.sampler = sampler
+        self.host = host
+        self._host_read: tuple[float, hostmem.HostMemory] | None = None
         self.timeout_s = timeout_s
         self._exported: dict[tuple[str, int], int] = {}  # (field, gpu) -> seq of the sample observed last
         self._lock = threading.Lock()
@@ -97,6 +112,11 @@ class GpuMetrics:
         meter = self.provider.get_meter(METER)
         for name, (unit, description) in nvml.FIELDS.items():
             meter.create_observable_gauge(name, callbacks=[self._observe(name)], unit=unit, description=description)
+        if host is not None:
+            for name, (attr, description) in HOST_GAUGES.items():
+                meter.create_observable_gauge(name, callbacks=[self._observe_host(attr)], unit="By", description=description)
+            meter.create_observable_counter("fleetlog_cgroup_oom_kills_total", callbacks=[self._observe_host("oom_kills")],
+                                            description="processes the container cgroup's OOM killer killed (memory.events oom_kill)")
         meter.create_observable_counter("fleetlog_agent_gpu_samples_total", callbacks=[self._samples],
                                         description="GPU samples taken (every GPU once each)")
         meter.create_observable_counter("fleetlog_agent_gpu_errors_total", callbacks=[self._errors],
@@ -115,6 +135,18 @@ class GpuMetrics:
                     self._exported[key] = sample.seq
                     out.append(Observation(value, sample.labels))
             return out
+
+        return callback
+
+    def _observe_host(self, attr: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(_options: CallbackOptions) -> Iterable[Observation]:
+            with self._lock:  # one read of the files per collection, shared by every host gauge
+                now = time.monotonic()
+                if self._host_read is None or now - self._host_read[0] > 0.5:
+                    assert self.host is not None
+                    self._host_read = (now, self.host())
+                value = getattr(self._host_read[1], attr)
+            return [] if value is None else [Observation(value)]
 
         return callback
 
@@ -157,6 +189,8 @@ class GpuTelemetry:
         machine_id: int | None = None,
         token: Callable[[], str | None] | None = None,
         nv: Any = None,
+        proc_root: str = hostmem.DEFAULT_PROC_ROOT,
+        cgroup_root: str = hostmem.DEFAULT_CGROUP_ROOT,
     ) -> "GpuTelemetry":
         """``nv``: an NVML module object (tests); else ``nvml_spec`` or ``pynvml`` is imported."""
         unavailable = None
@@ -168,7 +202,7 @@ class GpuTelemetry:
                 unavailable = str(e)
         sampler = GpuSampler(nv, interval_s=interval_s, machine_id=machine_id, unavailable=unavailable)
         metrics = GpuMetrics(sampler, instance_id=instance_id, interval_s=interval_s, timeout_s=timeout_s,
-                             endpoint=endpoint, token=token)
+                             endpoint=endpoint, token=token, host=lambda: hostmem.read(proc_root, cgroup_root))
         sampler.start()
         return cls(sampler, metrics, timeout_s)
 

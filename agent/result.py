@@ -1,4 +1,4 @@
-"""What a finished benchmark says: its rate, and the evidence of why it failed.
+"""What a finished benchmark says: its rate, the proofs it completed, and the evidence of why it failed.
 
 The rate is the last match of the rate pattern in the command's output (stdout and stderr); no
 match means no rate (``None``), never 0: "the wrapper parsed nothing" and "the machine proved
@@ -8,7 +8,15 @@ The failure excerpt keeps the last lines of every tailed log (the daemon's) and 
 the error-looking lines of all of them (stdout too) first, because the first question is "what
 went wrong" and the daemon's last words are usually the answer.
 
-Both are part of the agent's persisted state (``Findings``, in state.json): they are fed the lines
+The proofs completed (``ProofCounter``) are the distinct proof numbers of the lines that say a
+numbered proof finished, in any of the run's streams (the benchmark's stdout and the daemon's log
+both say so of the same proof): ``proof 3/12 done in 141.0 s``, ``PoRep C2 proof 3/12 finished``,
+``PoRep C2 proof 3/12: 10 partitions done in 141.0 s``, ``PoRep C2 proof 3/12 ...done``,
+``Proof #3/12 completed``. A line about proof ``i/n`` counts when the rest of it says done, finished,
+completed, succeeded or ok, and nothing of fail, error or abort; the warm-up proof has no number and
+never counts. No numbered proof line at all means no count (``None``), never 0.
+
+All three are part of the agent's persisted state (``Findings``, in state.json): they are fed the lines
 of each spool record as it is written, and replayed from the records written after state.json, so
 that a restarted agent, which reads on from the saved file positions, holds exactly what an agent
 that was never killed would (issue 21.1: a rate line read before a SIGKILL was forgotten).
@@ -66,6 +74,53 @@ class RateParser:
         parser = cls(doc["regex"])
         parser.rate, parser.line = doc.get("rate"), doc.get("line")
         return parser
+
+
+PROOF_RE = re.compile(r"(?i)\bproof\s+#?(\d+)\s*/\s*(\d+)\b(.*)")
+PROOF_DONE_RE = re.compile(r"(?i)\b(?:done|finished|completed?|succeeded|ok)\b")
+PROOF_FAILED_RE = re.compile(r"(?i)fail|error|abort")
+
+
+class ProofCounter:
+    """The distinct numbered proofs a run's lines say were completed, and the last ``n`` of ``i/n``."""
+
+    def __init__(self) -> None:
+        self.done: set[int] = set()
+        self.total: int | None = None  # None: no numbered proof line seen yet
+
+    @property
+    def count(self) -> int | None:
+        return None if self.total is None else len(self.done)
+
+    def feed(self, lines: list[str]) -> None:
+        for line in lines:
+            if "roof" not in line:  # "proof" or "Proof": most lines are ruled out before the regex
+                continue
+            m = PROOF_RE.search(line)
+            if m is None:
+                continue
+            i, n, rest = int(m.group(1)), int(m.group(2)), m.group(3)
+            self.total = n
+            if 1 <= i <= n and PROOF_DONE_RE.search(rest) and not PROOF_FAILED_RE.search(rest):
+                self.done.add(i)
+
+    def to_json(self) -> dict[str, Any]:
+        """``done`` as ranges ([first, last] pairs): a 300-proof run is one pair, not 300 numbers."""
+        ranges: list[list[int]] = []
+        for i in sorted(self.done):
+            if ranges and ranges[-1][1] == i - 1:
+                ranges[-1][1] = i
+            else:
+                ranges.append([i, i])
+        return {"done": ranges, "total": self.total}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "ProofCounter":
+        counter = cls()
+        counter.total = doc.get("total")
+        for first, last in doc.get("done") or []:
+            counter.done.update(range(first, last + 1))
+        return counter
 
 
 # Substrings that every match of ERROR_RE contains: most lines are ruled out by ``in`` (about
@@ -164,12 +219,15 @@ class Evidence:
 
 class Findings:
     """What the agent derives from a run's output: the failure excerpt's evidence and, for a
-    benchmark, the rate (of ``rate_source``'s lines). Persisted with the run (``RunState.findings``)."""
+    benchmark, the rate (of ``rate_source``'s lines) and the proofs completed (of every stream's).
+    Persisted with the run (``RunState.findings``)."""
 
-    def __init__(self, evidence: Evidence | None = None, rate: RateParser | None = None, rate_source: str | None = None) -> None:
+    def __init__(self, evidence: Evidence | None = None, rate: RateParser | None = None, rate_source: str | None = None,
+                 proofs: ProofCounter | None = None) -> None:
         self.evidence = evidence or Evidence()
         self.rate = rate
         self.rate_source = rate_source
+        self.proofs = proofs
 
     @classmethod
     def for_run(cls, run: dict[str, Any]) -> "Findings":
@@ -182,7 +240,7 @@ class Findings:
         evidence.track("stdout", show_last_lines=False)
         evidence.track("stderr")
         rate = RateParser(run["rate_regex"]) if run.get("bench") else None
-        return cls(evidence, rate, run["source"] if rate is not None else None)
+        return cls(evidence, rate, run["source"] if rate is not None else None, ProofCounter() if run.get("bench") else None)
 
     def feed(self, source: str, labelled: list[tuple[str, list[str]]]) -> None:
         """The lines of one spool record: runs of (label, lines) in read order."""
@@ -190,15 +248,19 @@ class Findings:
             self.evidence.feed(label, lines)
             if self.rate is not None and source == self.rate_source:
                 self.rate.feed(lines)
+            if self.proofs is not None:
+                self.proofs.feed(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "evidence": self.evidence.to_json(),
             "rate": self.rate.to_json() if self.rate is not None else None,
             "rate_source": self.rate_source,
+            "proofs": self.proofs.to_json() if self.proofs is not None else None,
         }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "Findings":
         rate = RateParser.from_json(doc["rate"]) if doc.get("rate") else None
-        return cls(Evidence.from_json(doc["evidence"]), rate, doc.get("rate_source"))
+        proofs = ProofCounter.from_json(doc["proofs"]) if doc.get("proofs") else None  # None: kept by an older agent
+        return cls(Evidence.from_json(doc["evidence"]), rate, doc.get("rate_source"), proofs)

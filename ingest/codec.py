@@ -403,7 +403,7 @@ _NUMBER_FIELDS = {
     "registered": {"machine_id": int, "host_id": int, "gpu_count": int, "dph": float},
     "params_done": {"exit_code": int},
     "bench_started": {"proofs": int, "concurrency": int, "partition_workers": int},
-    "bench_done": {"exit_code": int, "rate_per_hour": float, "duration_s": float, "proofs_ok": int},
+    "bench_done": {"exit_code": int, "rate_per_hour": float, "duration_s": float, "proofs_ok": int, "host_oom_kills": int},
 }
 _COLUMN_LIMITS = {"machine_id": 2**63, "host_id": 2**63}  # BIGINT; the other integers are INTEGER
 _STRING_FIELDS = {"registered": ("gpu_model", "location"), "bench_done": ("failure_excerpt",)}

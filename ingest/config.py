@@ -128,7 +128,7 @@ class Settings:
         3600.0, "a benchmark started this long ago with no bench_done is hung (class hung, destroy proposed)", minimum=1
     )
     exclude_repeat_failures: int = _setting(
-        2, "failures of a class not blamed at once (network, param_fetch, timeout, hung, unknown) on one machine "
+        2, "failures of a class not blamed at once (oom_host, network, param_fetch, timeout, hung, unknown) on one machine "
         "within bad_host_ttl_s before it is excluded", minimum=1
     )
     notify_webhook_url: str = _setting("", "URL a decision is POSTed to as JSON when proposed, superseded, executed or failed")

@@ -352,6 +352,8 @@ def _outcome_line(bench: dict, outcome: str | None) -> str:
     """What became of the latest run, by the server's ``outcome`` (bench_outcomes) when it has one."""
     rate = bench.get("rate_per_hour")
     rate_text = f"{_cell(rate)} proofs/hour" if rate else "rate not measured"
+    if bench.get("proofs_ok") is not None:  # the agent's count of completed proofs: "5 of 12 proofs"
+        rate_text = f"{bench['proofs_ok']} of {bench.get('proofs') if bench.get('proofs') is not None else '?'} proofs, " + rate_text
     ended = f", ended {short_time(bench.get('done_at'))}" if bench.get("done_at") else ""
     if outcome is None:
         outcome = "running" if bench.get("done_at") is None else "failed" if is_failed(bench) else "passed"
@@ -426,6 +428,8 @@ def why(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
     w = out.write
     w(f"{instance}  state {detail.get('state')}  machine {detail.get('machine_id')}  {detail.get('gpu_model') or ''}".rstrip() + "\n")
     w((_outcome_line(bench, outcome) if bench else "no benchmark run reported yet") + "\n")
+    if row.get("failure_cost_usd") is not None:  # the failure_costs view (migration 015)
+        w(f"this failure cost ${row['failure_cost_usd']:.2f} (dph x hours from the instance's start to the failure)\n")
     for d in decisions:
         w(_decision_line(d) + "\n")
     if not decisions:

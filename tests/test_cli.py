@@ -105,6 +105,7 @@ def test_why_prints_the_failure_banner_as_text(server):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "Benchmark failed: exit code 1, class oom" in out
+    assert "this failure cost $0." in out  # failure_costs: dph x hours to the failure
     assert "deciding line:\n  " + OOM_DAEMON_LOG[3] in out
     assert "excerpt:\n  " + OOM_DAEMON_LOG[-2] in out
     assert "benchdaemon" in out and "5 lines  complete" in out

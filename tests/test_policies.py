@@ -109,7 +109,11 @@ async def test_reruns_and_restarts_decide_nothing_twice(aiohttp_client, policy_s
     "line, exit_code, signal, expected",
     [
         ("CUDA error: out of memory (cudaErrorMemoryAllocation)", 1, None, "oom"),
-        ("kernel: Out of memory: Killed process 4242 (cuzk-daemon)", 1, None, "oom"),
+        ("kernel: Out of memory: Killed process 4242 (cuzk-daemon)", 1, None, "oom_host"),
+        ("Out of memory: Killed process 4242 (cuzk-daemon) total-vm:70123456kB, anon-rss:66012345kB", 1, None, "oom_host"),
+        ("Memory cgroup out of memory: Killed process 4242 (cuzk-daemon)", 1, None, "oom_host"),
+        ("kernel: cuzk-daemon invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0", 1, None, "oom_host"),
+        ("ERROR cuzk_daemon::pce: CUDA error: out of memory (cudaErrorMemoryAllocation) during PCE extraction", 1, None, "oom"),
         ("NVRM: Xid (PCI:0000:01:00): 79, pid=4242, GPU has fallen off the bus.", 1, None, "gpu_lost"),
         ("CUDA error: an illegal memory access was encountered", 1, None, "cuda_error"),
         ("error: warm-up proof timed out after 1800 s", 1, None, "timeout"),

@@ -1,6 +1,6 @@
 -- rule: failure_class
 -- decides: the failure class of each failed benchmark run (bench_outcomes) whose class is not final
---   yet (oom, gpu_lost, cuda_error, timeout, network, param_fetch, signal, unknown); see below.
+--   yet (oom_host, oom, gpu_lost, cuda_error, timeout, network, param_fetch, signal, unknown); see below.
 -- params: $destroy_grace_s (seconds), $now (timestamp)
 -- output: classify (instance_id, done_at, failure_class, failure_line, final, class_priority,
 --   class_scanned_to, scanned_lines), written to bench_runs
@@ -16,11 +16,16 @@
 -- (first seen, new evidence, or final now). The patterns are literals: compiled once per query.
 -- At most 32 runs are classed for the first time in one cycle (the oldest first), so that a backlog
 -- (say, of runs classed before this rule was incremental) is worked off over cycles that each finish.
+-- oom_host (priority 0, ahead of the GPU's oom) is the host's memory, not the GPU's: the kernel's or the
+-- container cgroup's OOM killer ("Out of memory: Killed process", "Memory cgroup out of memory",
+-- "invoked oom-killer"), or the agent's count of the cgroup's oom_kill rising during the run
+-- (bench_done.host_oom_kills > 0); oom is the GPU's (CUDA's out of memory, allocation failures).
 WITH pending AS (
     SELECT b.instance_id, b.done_at, b.exit_code, b.failure_excerpt,
            json_extract_string(e.body, '$.signal') AS signal,
            coalesce(json_extract_string(e.body, '$.timeout') = 'true', false) AS timed_out,
            json_extract_string(e.body, '$.max_duration_s') AS max_duration_s,
+           TRY_CAST(json_extract_string(e.body, '$.host_oom_kills') AS BIGINT) AS host_oom_kills,
            coalesce(l.complete, false) OR coalesce(b.known_at, b.done_at) + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP AS final,
            coalesce(b.known_at, b.done_at) AS known_at,
            r.class_scanned_to AS scanned_to, r.class_priority AS held_priority,
@@ -61,13 +66,18 @@ candidate_lines AS (
     SELECT f.instance_id, f.done_at, 'bench_done: timed out (agent --max-duration ' || coalesce(f.max_duration_s, '?') || ' s)'
     FROM failed f WHERE f.timed_out AND f.scanned_to IS NULL
     UNION ALL
+    SELECT f.instance_id, f.done_at, 'bench_done: the container''s cgroup OOM-killed ' || f.host_oom_kills::VARCHAR ||
+           ' process(es) during the run (memory.events oom_kill)'
+    FROM failed f WHERE f.host_oom_kills > 0 AND f.scanned_to IS NULL
+    UNION ALL
     SELECT instance_id, done_at, line FROM new_logs WHERE candidate
     UNION ALL
     SELECT instance_id, done_at, line FROM new_gpu
 ),
 matched AS (
     SELECT instance_id, done_at, line,
-           CASE WHEN regexp_matches(line, '(?i)(out of memory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|oom-kill|Killed process|memory allocation failed|cannot allocate memory)') THEN 1
+           CASE WHEN regexp_matches(line, '(?i)(Out of memory: Kill(ed)? process|Memory cgroup out of memory|invoked oom-killer|oom-kill|oom_kill|Killed process [0-9])') THEN 0
+                WHEN regexp_matches(line, '(?i)(out of memory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|memory allocation failed|cannot allocate memory)') THEN 1
                 WHEN regexp_matches(line, '(?i)(Xid[^0-9]*79|fallen off the bus|GPU is lost|GPU_IS_LOST|NVML_ERROR_GPU_IS_LOST)') THEN 2
                 WHEN regexp_matches(line, '(?i)(CUDA error|cudaError|CUDA_ERROR|illegal memory access|unspecified launch failure|Xid)') THEN 3
                 WHEN regexp_matches(line, '(?i)(timed out|timeout|deadline exceeded|DeadlineExceeded)') THEN 4
@@ -77,7 +87,7 @@ matched AS (
     FROM candidate_lines
 ),
 classes (priority, failure_class) AS (
-    VALUES (1, 'oom'), (2, 'gpu_lost'), (3, 'cuda_error'), (4, 'timeout'), (5, 'network'), (6, 'param_fetch')
+    VALUES (0, 'oom_host'), (1, 'oom'), (2, 'gpu_lost'), (3, 'cuda_error'), (4, 'timeout'), (5, 'network'), (6, 'param_fetch')
 ),
 scanned AS (
     SELECT instance_id, done_at, count(*) AS lines FROM matched GROUP BY ALL

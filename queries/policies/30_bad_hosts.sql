@@ -1,12 +1,14 @@
 -- rule: bad_hosts
 -- decides: exclude a machine (machine_id) for its failures (the failures view), by class: oom, gpu_lost,
---   cuda_error are the machine's, excluded at once; any other class (network, param_fetch, timeout, hung,
---   signal, unknown) only as the $exclude_repeats-th failure on that machine within $bad_host_ttl_s.
+--   cuda_error are the machine's, excluded at once; any other class (oom_host, network, param_fetch, timeout,
+--   hung, signal, unknown) only as the $exclude_repeats-th failure on that machine within $bad_host_ttl_s.
 --   One decision per machine and failure, with its current class; expires $bad_host_ttl_s after the
 --   failure. An operator's verdict newer than the failure wins over it (see the hosts API). The failures
 --   of an instance the shared enrollment token enrolled undeclared (unvouched_instances) count for nothing.
 -- params: $bad_host_ttl_s (seconds), $exclude_repeats (failures)
 -- output: decisions (subject = machine_id, action = exclude_host)
+-- oom_host (the host's memory, not the GPU's: the kernel or the cgroup OOM-killed) is a repeat class:
+-- one host OOM may be this run's settings (concurrency, partition workers) as much as the machine.
 WITH counted AS (
     SELECT f.*,
            count(*) OVER (PARTITION BY f.machine_id ORDER BY f.failed_at

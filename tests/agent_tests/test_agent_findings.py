@@ -1,4 +1,4 @@
-"""What the agent derives from a run's output (rate, failure excerpt) survives its restart exactly
+"""What the agent derives from a run's output (rate, proofs completed, failure excerpt) survives its restart exactly
 as the lines do (issue 21.1).
 
 The real Recorder reads a recorded benchmark output as it is written (the daemon's log, the
@@ -110,7 +110,9 @@ class Agent:
         self.rec.finish_reading()
         findings = self.rec.state.findings
         assert findings is not None and findings.rate is not None
-        result = {"rate_per_hour": findings.rate.rate, "rate_line": findings.rate.line, "failure_excerpt": findings.evidence.excerpt()}
+        assert findings.proofs is not None
+        result = {"rate_per_hour": findings.rate.rate, "rate_line": findings.rate.line, "failure_excerpt": findings.evidence.excerpt(),
+                  "proofs_ok": findings.proofs.count, "proofs_total": findings.proofs.total}
         await self.rec.close()
         return result
 
@@ -148,6 +150,7 @@ def test_findings_after_kills_at_any_lines_equal_those_of_an_agent_never_killed(
     root = tmp_path_factory.mktemp("findings")
     never_killed = asyncio.run(benchmark(root / "never-killed", [None] * N, saves, polls, batch_max_delay_s))
     assert never_killed["rate_per_hour"] == 38.25 and "CUDA error: out of memory" in never_killed["failure_excerpt"]
+    assert (never_killed["proofs_ok"], never_killed["proofs_total"]) == (2, 12)  # 1 and 2 done (each said twice), 3 failed
     assert asyncio.run(benchmark(root / "killed", kills, saves, polls, batch_max_delay_s)) == never_killed
 
 

@@ -57,3 +57,62 @@ def test_excerpt_is_bounded():
     evidence = Evidence()
     evidence.feed("benchdaemon", ["E" * 10_000 + " error"] * 50)
     assert len(evidence.excerpt(max_chars=8000)) <= 8000
+
+
+# ---- proofs completed ------------------------------------------------------------------------
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+from agent.result import ProofCounter  # noqa: E402
+
+DONE_FORMATS = [
+    "proof {i}/{n} done in 141.0 s",  # benchmark.sh's stdout (tests/scripts/bench_ok.sh, standin_benchmark.sh)
+    "INFO cuzk_daemon::prover: PoRep C2 proof {i}/{n} finished",  # the daemon's log
+    "INFO cuzk_daemon::prover: PoRep C2 proof {i}/{n}: 10 partitions done in 141.0 s",  # ingest/demo.py
+    "PoRep C2 proof {i}/{n} ...done",  # /work/shared/INCIDENT.md
+    "Proof #{i}/{n} completed (141.0s)",
+]
+NOT_DONE_FORMATS = [
+    "INFO cuzk_daemon::prover: PoRep C2 proof {i}/{n} started",
+    "waiting for proof {i}/{n}...",
+    "proof {i}/{n} failed",
+    "ERROR proof {i}/{n} done with error: CUDA error: out of memory",
+]
+NOT_PROOF_FORMATS = [  # numbered, "done", but not a proof
+    "fetching v28-stacked-proof-of-replication part {i}/{n} done",
+    "partition {i}/{n} done in 14.0 s",
+]
+
+
+def test_proofs_counts_each_completed_proof_once_whatever_the_format():
+    counter = ProofCounter()
+    counter.feed(["proof 1/12 done in 141.0 s", "INFO cuzk_daemon::prover: PoRep C2 proof 1/12 finished",
+                  "PoRep C2 proof 2/12 ...done", "proof 3/12 failed", "warm-up proof: done"])
+    assert (counter.count, counter.total) == (2, 12)
+
+
+def test_proofs_are_unknown_when_no_line_numbers_them():
+    counter = ProofCounter()
+    counter.feed(["Starting benchmark", "Throughput: 42.5 proofs/hour"])
+    assert counter.count is None
+
+
+@given(
+    n=st.integers(1, 40),
+    plan=st.lists(st.tuples(st.integers(1, 40), st.sampled_from(DONE_FORMATS + NOT_DONE_FORMATS + NOT_PROOF_FORMATS)), max_size=120),
+    noise=st.lists(st.text(st.characters(blacklist_characters="\n\r"), max_size=40), max_size=10),
+    cuts=st.lists(st.integers(0, 200), max_size=8),
+)
+def test_proofs_count_is_the_distinct_proofs_with_a_done_line_however_the_lines_are_read(n, plan, noise, cuts):
+    lines = [fmt.format(i=min(i, n), n=n) for i, fmt in plan] + [x for x in noise if "proof" not in x.lower()]
+    expected = {min(i, n) for i, fmt in plan if fmt in DONE_FORMATS}
+    counter = ProofCounter()
+    at = 0
+    for cut in sorted(cuts) + [len(lines)]:  # fed in reads of any sizes
+        counter.feed(lines[at:max(at, cut)])
+        at = max(at, cut)
+    again = ProofCounter.from_json(counter.to_json())  # and through state.json
+    numbered = any(fmt not in NOT_PROOF_FORMATS for _i, fmt in plan)
+    assert counter.count == again.count == (len(expected) if numbered else None)
+    if numbered:
+        assert counter.total == again.total == n

@@ -88,3 +88,23 @@ def test_a_command_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path, s
     assert proc.wait(timeout=30) == 128 + signal.SIGKILL
     assert 0.4 < time.monotonic() - started < 10
     assert Api(server.url).events("C.4", "bench_done")[0]["signal"] == "SIGKILL"
+
+
+def test_run_that_failed_after_5_of_12_proofs_reports_them_and_why_says_so(tmp_path, server_process, agent):
+    import io
+
+    from ingest import oncall
+    from ingest.client import Client
+
+    server = server_process().start()
+    api = Api(server.url)
+    log = tmp_path / "daemon.log"
+    done = agent("run", server.url, "C.5", "--tail", f"benchdaemon={log}", "--proofs", "12", "--gpu-interval-s", "0",
+                 command=[SCRIPTS / "bench_fail_after.sh", log, 5, 12]).run()
+    assert done.returncode == 1, done.stderr
+    (bench_done,) = api.events("C.5", "bench_done")
+    assert bench_done["proofs_ok"] == 5  # each said twice (stdout and the daemon's log), proof 6 failed
+    api._call("/api/v1/policy/run", {})
+    out = io.StringIO()
+    assert oncall.why(Client(server.url), {"instance": "C.5", "format": "table"}, out) == 0
+    assert "5 of 12 proofs" in out.getvalue().splitlines()[1], out.getvalue()
