@@ -3,7 +3,7 @@
 // right before it was carried out, its rule no longer selected its subject, so it never was.
 
 import { api } from "./api.js";
-import { fmtTime, h, instanceHref, link, machineHref, poll, replace } from "./dom.js";
+import { cardLabels, fmtTime, h, instanceHref, link, machineHref, poll, replace } from "./dom.js";
 
 const REFRESH_MS = 10000;
 const STATES = ["proposed", "executed", "failed", "skipped", "superseded"];
@@ -15,9 +15,9 @@ function subjectLink(d) {
 }
 
 export function decisionsTable(decisions) {
-  return h(
+  return cardLabels(h(
     "table",
-    { class: "grid", id: "decisions-table" },
+    { class: "grid cards", id: "decisions-table" },
     h("thead", null, h("tr", null, ["#", "decided", "rule", "subject", "action", "reason", "state", "evidence"].map((t) => h("th", { text: t })))),
     h(
       "tbody",
@@ -48,7 +48,7 @@ export function decisionsTable(decisions) {
         );
       }),
     ),
-  );
+  ));
 }
 
 function select(name, values, current) {

@@ -55,6 +55,18 @@ export function highlighted(text, needle) {
   return out;
 }
 
+// A table that becomes cards on a narrow screen (style.css, table.cards): each cell is labelled with
+// its column's header, as an attribute the stylesheet shows (text, never markup).
+export function cardLabels(table) {
+  const titles = [...table.querySelectorAll("thead th")].map((th) => th.textContent.replace(/ [▲▼]$/, ""));
+  for (const row of table.querySelectorAll("tbody tr")) {
+    [...row.children].forEach((td, i) => {
+      if (td.colSpan === 1 && titles[i]) td.dataset.label = titles[i];
+    });
+  }
+  return table;
+}
+
 // ---- formatting (times are shown in UTC, like the fleet's own logs)
 
 export function parseTime(value) {

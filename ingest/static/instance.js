@@ -1,9 +1,10 @@
-// Instance view: header, failure banner, lifecycle timeline, benchmark runs, GPU charts, logs.
+// Instance view: title, failure banner (before anything else, so that a phone shows it without
+// scrolling), facts, lifecycle timeline, benchmark runs, GPU charts, logs.
 
 import { api, minRate, path } from "./api.js";
 import { renderCharts } from "./charts.js";
 import {
-  fmtDuration, fmtNumber, fmtTime, h, link, machineHref, parseTime, poll, rateCell, replace, stateBadge, timeCell,
+  cardLabels, fmtDuration, fmtNumber, fmtTime, h, link, machineHref, parseTime, poll, rateCell, replace, stateBadge, timeCell,
 } from "./dom.js";
 import { LogsPanel } from "./logs.js";
 
@@ -21,12 +22,13 @@ const PHASE = {
 
 export function renderInstance(root, id, params, signal) {
   const head = h("div", { class: "view-head" });
+  const facts = h("div", { id: "facts" });
   const banner = h("div", { id: "banner" });
   const timeline = h("section", { class: "panel", id: "timeline" });
   const runs = h("section", { class: "panel", id: "bench-runs" });
   const charts = h("section", { class: "panel", id: "charts" }, h("h2", { text: "GPU" }), h("p", { class: "muted", text: "Loading samples…" }));
   const logs = new LogsPanel(id, params, signal);
-  replace(root, head, banner, timeline, runs, charts, logs.el);
+  replace(root, head, banner, facts, timeline, runs, charts, logs.el);
 
   let detail = null;
   let first = true;
@@ -36,7 +38,7 @@ export function renderInstance(root, id, params, signal) {
     const doc = await api(`/api/v1/instances/${path(id)}`, { signal });
     if (signal.aborted) return;
     detail = doc;
-    renderHead(head, doc);
+    renderHead(head, facts, doc);
     renderBanner(banner, doc, min);
     renderTimeline(timeline, doc.events);
     renderRuns(runs, doc.bench_runs, min);
@@ -50,7 +52,7 @@ export function renderInstance(root, id, params, signal) {
   poll("instance", refresh, REFRESH_MS, signal);
 }
 
-function renderHead(el, d) {
+function renderHead(el, factsEl, d) {
   const facts = [
     ["GPU", d.gpu_model ? `${d.gpu_count > 1 ? d.gpu_count + "× " : ""}${d.gpu_model}` : "—"],
     ["machine", d.machine_id === null ? "—" : link(machineHref(d.machine_id), String(d.machine_id))],
@@ -64,8 +66,8 @@ function renderHead(el, d) {
   replace(
     el,
     h("h1", null, h("a", { href: "#/fleet", class: "up", text: "Fleet ›" }), " ", h("span", { id: "instance-id", text: d.instance_id }), " ", stateBadge(d.state)),
-    h("dl", { class: "facts" }, facts.map(([k, v]) => h("div", null, h("dt", { text: k }), h("dd", null, v)))),
   );
+  replace(factsEl, h("dl", { class: "facts" }, facts.map(([k, v]) => h("div", null, h("dt", { text: k }), h("dd", null, v)))));
 }
 
 // The image the instance runs, as its entrypoint said in 'registered' (labels.image_version): a stale
@@ -76,7 +78,35 @@ function imageVersion(d) {
   return typeof version === "string" ? version : null;
 }
 
+// A failed parameter fetch (instance_phase: failed_phase 'params', class param_fetch): no benchmark
+// ran, so its exit code is the fetch's (the API's exit_code where it gives the failed phase's, else
+// the latest params_done event's).
+function paramsBanner(d) {
+  const fetches = (d.events || []).filter((e) => e.kind === "params_done");
+  const last = fetches[fetches.length - 1];
+  const exit = d.exit_code ?? last?.body?.exit_code ?? "—";
+  const facts = [
+    ["exit code", exit],
+    ["class", d.failure_class || "param_fetch"],
+    ["phase", d.failed_phase || "params"],
+    ["ended", fmtTime(last ? last.ts : d.outcome_at)],
+  ];
+  const line = d.failure_line || (exit !== "—" ? `params_done exit code ${exit}` : null);
+  return h(
+    "div",
+    { class: "banner fail", role: "alert" },
+    h("strong", { text: "Parameter fetch failed" }),
+    h("dl", { class: "facts" }, facts.map(([k, v]) => h("div", null, h("dt", { text: k }), h("dd", { "data-fact": k, text: String(v) })))),
+    line ? h("div", { class: "deciding" }, h("span", { class: "muted", text: "deciding line: " }), h("code", { text: line })) : null,
+    d.logs && d.logs.setup ? h("p", { class: "small" }, h("a", { href: `#/instance/${encodeURIComponent(d.instance_id)}?source=setup`, text: "its setup log" })) : null,
+  );
+}
+
 function renderBanner(el, d, min) {
+  if (d.failed_phase === "params" || d.outcome === "params_failed") {
+    replace(el, paramsBanner(d));
+    return;
+  }
   const b = d.bench;
   if (!b) {
     replace(el);
@@ -128,6 +158,12 @@ function eventDetail(e) {
       return Object.entries(b.sources || {}).map(([k, v]) => `${k} ≤ ${v}`).join(", ");
     case "killed":
       return b.reason ? String(b.reason) : "";
+    case "params_done":
+      return b.exit_code ? `exit ${b.exit_code}: the parameter fetch failed` : "";
+    case "gpu_state":
+      return [b.gpu !== undefined && b.gpu !== null ? `GPU ${b.gpu}` : null, b.state ? String(b.state) : "state not given", b.reason ? String(b.reason) : null]
+        .filter(Boolean)
+        .join(" · ");
     default:
       return "";
   }
@@ -164,7 +200,7 @@ function renderTimeline(el, events) {
     if (lifecycle) previous = t;
     return h(
       "li",
-      { class: lifecycle ? `ev ev-${e.kind}` : "ev minor", "data-kind": e.kind },
+      { class: (lifecycle ? `ev ev-${e.kind}` : "ev minor") + (e.kind === "gpu_state" && e.body?.state && e.body.state !== "ok" ? " gpu-bad" : ""), "data-kind": e.kind },
       h("span", { class: "ev-time", text: fmtTime(e.ts) }),
       h("span", { class: "ev-kind", text: e.kind }),
       h("span", { class: "ev-delta muted", text: delta ? `+${delta}` : "" }),
@@ -191,9 +227,9 @@ function renderRuns(el, runs, min) {
   replace(
     el,
     h("h2", { text: runs.length > 1 ? `Benchmark runs (${runs.length})` : "Benchmark run" }),
-    h(
+    cardLabels(h(
       "table",
-      { class: "grid" },
+      { class: "grid cards" },
       h("thead", null, h("tr", null, ["started", "ended", "proofs ok", "concurrency", "duration", "exit", "rate / min", "class"].map((t) => h("th", { text: t })))),
       h(
         "tbody",
@@ -213,6 +249,6 @@ function renderRuns(el, runs, min) {
           ),
         ),
       ),
-    ),
+    )),
   );
 }

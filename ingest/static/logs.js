@@ -3,12 +3,14 @@
 // A log line is untrusted: it only ever becomes a text node.
 
 import { api, path } from "./api.js";
-import { clearError, fmtClock, fmtTime, h, highlighted, replace, reportError } from "./dom.js";
+import { cardLabels, clearError, fmtClock, fmtTime, h, highlighted, replace, reportError } from "./dom.js";
 
 const PAGE = 200;
 const MAX_TAIL = 10000;
 const FOLLOW_MS = 2000;
 const MAX_SHOWN = 5000;
+const PIN_MS = 20000;
+const PIN_STOPPERS = ["wheel", "touchstart", "keydown", "mousedown"];
 const KNOWN_ORDER = ["setup", "cuzk", "curio", "benchdaemon", "benchout"];
 const ALARM = /\b(error|panic|panicked|fatal|failed|out of memory|oom|killed|xid)\b/i;
 
@@ -60,7 +62,7 @@ export class LogsPanel {
       h("h2", { text: "Logs" }),
       h(
         "table",
-        { class: "grid compact", id: "completeness" },
+        { class: "grid compact cards", id: "completeness" },
         h("thead", null, h("tr", null, ["source", "run", "lines", "last seq", "declared last seq", "complete"].map((t) => h("th", { text: t })))),
         this.table,
       ),
@@ -164,6 +166,7 @@ export class LogsPanel {
           })
         : h("tr", null, h("td", { colspan: 6, class: "muted", text: "No log lines stored for this instance." })),
     );
+    cardLabels(this.table.parentElement);
   }
 
   saveToHash() {
@@ -243,7 +246,7 @@ export class LogsPanel {
         this.renderLines();
         const marked = focus && this.list.querySelector(".ln.focus");
         if (marked) {
-          marked.scrollIntoView({ block: "center" });
+          this.pin(marked);
         } else {
           this.list.scrollTop = this.list.scrollHeight;
         }
@@ -255,6 +258,25 @@ export class LogsPanel {
         }
         this.fail(e);
       });
+  }
+
+  // Keep the line a search hit opened in view while the page still grows above it (the banner, the
+  // timeline, the charts drawn later), until the reader scrolls, types or clicks, or 20 s have passed.
+  pin(marked) {
+    const again = () => {
+      if (marked.isConnected) marked.scrollIntoView({ block: "center" });
+    };
+    again();
+    const observer = new ResizeObserver(again);
+    observer.observe(document.body);
+    const stop = () => {
+      observer.disconnect();
+      clearTimeout(timer);
+      for (const kind of PIN_STOPPERS) window.removeEventListener(kind, stop, true);
+    };
+    const timer = setTimeout(stop, PIN_MS);
+    for (const kind of PIN_STOPPERS) window.addEventListener(kind, stop, { capture: true, passive: true });
+    this.signal.addEventListener("abort", stop);
   }
 
   async loadOlder() {

@@ -3,7 +3,7 @@
 
 import { api, minRate, path } from "./api.js";
 import {
-  clearError, fmtNumber, fmtTime, h, instanceHref, link, machineHref, poll, rateCell, replace, reportError, stateBadge, timeCell,
+  cardLabels, clearError, fmtNumber, fmtTime, h, instanceHref, link, machineHref, poll, rateCell, replace, reportError, stateBadge, timeCell,
 } from "./dom.js";
 import { decisionsTable } from "./decisions.js";
 
@@ -26,7 +26,7 @@ export function renderMachines(root, params, signal) {
     h("div", { class: "view-head" }, h("h1", { text: "Machines" }), h("span", { class: "muted", text: `eligible: not bad, and best rate ≥ min_rate ${min ?? "?"} when known` })),
     h(
       "table",
-      { class: "grid", id: "machines-table" },
+      { class: "grid cards", id: "machines-table" },
       h("thead", null, h("tr", null, ["machine", "GPU", "best rate / min", "runs", "failed", "last run", "$/proof", "bad", "why", "deploy"].map((t) => h("th", { text: t })))),
       body,
     ),
@@ -57,6 +57,7 @@ export function renderMachines(root, params, signal) {
             )
           : h("tr", null, h("td", { colspan: 10, class: "muted", text: "No machine is known yet." })),
       );
+      cardLabels(body.parentElement);
     },
     REFRESH_MS,
     signal,
@@ -130,9 +131,9 @@ export function renderMachine(root, machineId, params, signal) {
         instances,
         h("h2", { text: `Instances on this machine (${mine.length})` }),
         mine.length
-          ? h(
+          ? cardLabels(h(
               "table",
-              { class: "grid" },
+              { class: "grid cards" },
               h("thead", null, h("tr", null, ["instance", "state", "rate / min", "exit", "last seen"].map((t) => h("th", { text: t })))),
               h(
                 "tbody",
@@ -149,7 +150,7 @@ export function renderMachine(root, machineId, params, signal) {
                   ),
                 ),
               ),
-            )
+            ))
           : h("p", { class: "muted", text: "None." }),
       );
       replace(decisions, h("h2", { text: "Rules' decisions about this machine" }), decided.decisions.length ? decisionsTable(decided.decisions) : h("p", { class: "muted", text: "None." }));

@@ -2,7 +2,7 @@
 // its line in its instance's log (#/instance/ID?source=S&run=R&seq=N, the line marked).
 
 import { api } from "./api.js";
-import { clearError, fmtTime, h, highlighted, instanceHref, link, replace, reportError } from "./dom.js";
+import { cardLabels, clearError, fmtTime, h, highlighted, instanceHref, link, replace, reportError } from "./dom.js";
 
 const WINDOWS = ["1h", "6h", "24h", "7d", "30d"];
 const LIMIT = 200;
@@ -43,7 +43,7 @@ export function renderSearch(root, params, signal) {
     form,
     h(
       "table",
-      { class: "grid compact", id: "search-hits" },
+      { class: "grid compact cards", id: "search-hits" },
       h("thead", null, h("tr", null, ["time (UTC)", "instance", "source", "seq", "line"].map((t) => h("th", { text: t })))),
       body,
     ),
@@ -74,6 +74,7 @@ export function renderSearch(root, params, signal) {
             )
           : h("tr", null, h("td", { colspan: 5, class: "muted", text: `No line matches “${q}” in the last ${since}.` })),
       );
+      cardLabels(body.parentElement);
     })
     .catch((e) => {
       if (e.name === "AbortError" || signal.aborted) return;
