@@ -150,11 +150,17 @@ async def test_failed_parameter_fetch_shows_the_failure_banner_with_its_exit_cod
 @pytest.fixture
 async def demo(server_process):
     import aiohttp
-    server = server_process("--policy-interval", "0")
+    # hung is judged by the server's clock: a 1 s timeout makes C.hung hung a second after it arrived
+    server = server_process("--policy-interval", "0", "--bench-timeout-s", "1")
     import asyncio
     await asyncio.to_thread(server.start)
     async with aiohttp.ClientSession(base_url=server.url) as http:
         await demo_fleet(http, utcnow() - dt.timedelta(seconds=30))
+        deadline = asyncio.get_running_loop().time() + 60
+        while not any(i["instance_id"] == "C.hung" and i["outcome"] == "hung"
+                      for i in (await api_json(http, "/api/v1/instances"))["instances"]):
+            assert asyncio.get_running_loop().time() < deadline, "C.hung never hung"
+            await asyncio.sleep(0.1)
         await post(http, "/api/v1/policy/run", {})
         yield server.url, http
 
