@@ -44,6 +44,12 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/ready_time.py
 	$(BIN)/python bench/flood_memory.py
 	$(BIN)/python bench/sql_starvation.py
+	$(BIN)/python bench/search_scale.py
+	$(BIN)/python bench/many_streams.py
+	$(BIN)/python bench/metrics_flood.py
+	$(BIN)/python bench/failure_class.py
+	$(BIN)/python bench/page_triage.py
+	$(BIN)/python bench/fleet_sim.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
