@@ -26,9 +26,10 @@ from typing import Any, Iterator
 import duckdb
 import orjson
 
-from ingest.codec import MAX_EVENT_DEPTH, datetime_to_us, nests_deeper
+from ingest.codec import MAX_EVENT_DEPTH, nests_deeper
 from ingest.errors import QueryError, QueryTimeout, StorageUnavailable
 from ingest.tailcache import TailRow
+from ingest.timestamps import datetime_to_us
 
 
 @contextmanager
