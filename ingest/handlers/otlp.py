@@ -10,10 +10,9 @@ from aiohttp import web
 from ingest import otlp
 from ingest.errors import BadRequest
 from ingest.auth import PUSH, requires
-from ingest.forward import OTLP_MESSAGE
 from ingest.handlers.http import read_body
 from ingest.handlers.push import admit, caps_of
-from ingest.keys import SETTINGS, WRITER
+from ingest.keys import OTLP_MESSAGE, SETTINGS, WRITER
 from ingest.timestamps import now_us
 
 
