@@ -38,7 +38,8 @@ class Deleter:
 
     def __init__(self, dsn: str, data: Path, stale: list[str], windowed: bool) -> None:
         from ingest import lake, lakejobs
-        from ingest.codec import MetricRows, now_us
+        from ingest.codec import MetricRows
+        from ingest.timestamps import now_us
         from ingest.policy import _delete_logs
         from ingest.store import LogColumns
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import percentile  # noqa: E402
 from ingest import search, store, tokens  # noqa: E402
-from ingest.codec import now_us  # noqa: E402
+from ingest.timestamps import now_us  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_SEARCH_ROWS", "10000000"))
 SPAN_H = float(os.environ.get("BENCH_SEARCH_SPAN_H", "24"))

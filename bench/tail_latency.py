@@ -10,7 +10,7 @@ BENCH_TAIL_INGEST_CONCURRENCY while this process asks for tails over HTTP. Measu
   - the same query on a copy sorted by (instance_id, source, run_id, seq), as a compaction into
     stream order would leave it (BENCH_TAIL_SORTED=0 skips it; it costs ~30 s);
   - the server's own load without it, in-process: the seq floor alone (how main loaded) and the floor
-    plus the commit-time window (ingest/tailload.py);
+    plus the commit-time window (``reads.load_tail``);
 - the first tail of each stream after start-up (loads the stream's newest lines from the database);
 - later tails (served from the tail cache while the writer commits).
 Targets: first tail p99 <= 10 ms, cached tail p99 <= 5 ms.
@@ -24,6 +24,7 @@ references: a before/after of the server alone).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing
 import os
 import random
@@ -41,7 +42,7 @@ import orjson  # noqa: E402
 from bench import common  # noqa: E402
 from bench.common import Server, make_line, percentile  # noqa: E402
 from bench.ingest_throughput import _send_all  # noqa: E402
-from ingest import reads, store, tailload  # noqa: E402
+from ingest import reads, store  # noqa: E402
 from ingest.streams import StreamIndex  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_TAIL_ROWS", "10000000"))
@@ -110,9 +111,9 @@ def loads(path: Path, keys: list[tuple[str, str]]) -> tuple[list[float], list[fl
     for instance, source in keys:
         bounds = index.tail_bounds(instance, source, CACHE_LINES)
         t0 = time.perf_counter()
-        reads.load_tail(con, 60, instance, source, CACHE_LINES, (bounds.run_id, bounds.first_seq, bounds.complete))
+        reads.load_tail(con, 60, instance, source, CACHE_LINES, dataclasses.replace(bounds, since_us=None, until_us=None))
         t1 = time.perf_counter()
-        rows, _complete = tailload.load_tail(con, 60, instance, source, CACHE_LINES, bounds)
+        rows, _complete = reads.load_tail(con, 60, instance, source, CACHE_LINES, bounds)
         window.append(time.perf_counter() - t1)
         floor_only.append(t1 - t0)
         assert len(rows) == CACHE_LINES
@@ -173,6 +174,13 @@ async def tails(url: str, keys: list[tuple[str, str]]) -> list[float]:
     return out
 
 
+def has_windows(repo: Path) -> bool:
+    """Whether the server code at ``repo`` narrows tail windows at start-up (ingest/tailload.py before
+    the one load_tail, ``Reader.refine_tail_windows`` since)."""
+    reader = repo / "ingest" / "reader.py"
+    return (repo / "ingest" / "tailload.py").exists() or (reader.exists() and "def refine_tail_windows" in reader.read_text())
+
+
 def ms(values: list[float]) -> str:
     return f"p50 {percentile(values, 50) * 1000:6.1f} ms  p99 {percentile(values, 99) * 1000:6.1f} ms  (n={len(values)})"
 
@@ -202,7 +210,7 @@ def main() -> None:
             ingest = ctx.Process(target=ingest_process, args=(server.url, 1e9, out))
             ingest.start()
             time.sleep(2)  # let the ingest load reach steady state before measuring
-            narrowed_s = wait_for_log(server.log, "tail windows narrowed", 60) if (common.REPO / "ingest/tailload.py").exists() else None
+            narrowed_s = wait_for_log(server.log, "tail windows narrowed", 60) if has_windows(common.REPO) else None
             cold = asyncio.run(tails(server.url, cold_keys))
             warm = asyncio.run(tails(server.url, warm_keys))
             ingest.terminate()
@@ -211,7 +219,7 @@ def main() -> None:
             server.stop()
     print(f"server code: {common.REPO}")
     print(f"rows: {ROWS:,} in {STREAMS} streams (filled in {fill_s:.1f} s); server start-up incl. seq index load {server.started_s:.1f} s")
-    narrowing = ("n/a (that server has no commit-time windows)" if not (common.REPO / "ingest/tailload.py").exists()
+    narrowing = ("n/a (that server has no commit-time windows)" if not has_windows(common.REPO)
                  else "%.1f s after the 2 s warm-up" % narrowed_s if narrowed_s is not None else "NOT within 60 s")
     print(f"ingest running alongside: {INGEST_CONCURRENCY} connections of new 1,000-line bodies; "
           f"start-up windows narrowed: {narrowing}")

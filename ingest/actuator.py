@@ -1,7 +1,8 @@
 """Carrying out a decision outside fleetlog: a webhook, or a command such as ``vastai destroy``.
 
-Behind one seam (``Actuator.carry_out``) so that the policy engine does not know which; tests use a
-real local HTTP server and a real command. Each call has a timeout; retries belong to the engine,
+Behind one seam (``Actuator.carry_out``) so that the policy engine does not know which; the webhook
+POSTs through ``notify.post_json``, the one webhook client. Tests use a real local HTTP server and a
+real command. Each call has a timeout; retries belong to the engine,
 which counts attempts across cycles in the decisions table.
 """
 
@@ -13,10 +14,8 @@ import shlex
 import string
 from typing import Any, Protocol
 
-import aiohttp
-import orjson
-
 from ingest.codec import check_id
+from ingest.notify import WebhookUnreachable, post_json
 
 logger = logging.getLogger(__name__)
 
@@ -45,19 +44,16 @@ class WebhookActuator:
 
     def __init__(self, url: str, timeout_s: float) -> None:
         self.url = url
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.timeout_s = timeout_s
 
     async def carry_out(self, decision: dict[str, Any]) -> str:
-        body = orjson.dumps(decision, default=str, option=orjson.OPT_NAIVE_UTC)
         try:
-            async with aiohttp.ClientSession(timeout=self.timeout) as session:
-                async with session.post(self.url, data=body, headers={"Content-Type": "application/json"}) as r:
-                    text = (await r.text())[:200]
-                    if r.status // 100 != 2:
-                        raise ActuationError(f"webhook answered {r.status}: {text}")
-                    return f"webhook {r.status}"
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            raise ActuationError(f"webhook unreachable: {type(e).__name__}: {e}") from e
+            status, text = await post_json(self.url, decision, self.timeout_s)
+        except WebhookUnreachable as e:
+            raise ActuationError(f"webhook unreachable: {e}") from e
+        if status // 100 != 2:
+            raise ActuationError(f"webhook answered {status}: {text}")
+        return f"webhook {status}"
 
 
 class CommandActuator:

@@ -381,7 +381,7 @@ def _query_local(settings: config.Settings, sql: str, given: dict) -> tuple[list
     import duckdb
 
     from ingest import queryfiles, reads
-    from ingest.policy import utcnow
+    from ingest.timestamps import utcnow
 
     params = queryfiles.bind(sql, given, {"now": utcnow(), "min_rate": settings.min_rate})
     if not Path(settings.db).exists():

@@ -30,7 +30,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import operator
-import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -39,16 +38,14 @@ import orjson
 
 from ingest import promnames
 from ingest.errors import BadRequest, PayloadTooLarge
+from ingest.timestamps import datetime_to_us
 
 EVENT_KINDS = frozenset(
     {"registered", "params_done", "bench_started", "bench_done", "logs_complete", "running", "killed",
      "gpu_state"}
 )
 MAX_ID_CHARS = 128
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_NAIVE_EPOCH = dt.datetime(1970, 1, 1)
-_US = dt.timedelta(microseconds=1)
-MIN_TS_US = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc) - EPOCH) // _US  # 0001-01-01T00:00:00Z
+MIN_TS_US = datetime_to_us(dt.datetime(1, 1, 1))  # 0001-01-01T00:00:00Z
 MAX_TS_US = 253402300799_999999  # 9999-12-31T23:59:59.999999Z
 MAX_SEQ = 2**63 - 1
 MAX_EVENT_DEPTH = 64  # objects and arrays, the event itself included; orjson writes at most 254
@@ -104,22 +101,6 @@ class MetricRows:
 
     def __len__(self) -> int:
         return len(self.name)
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
-
-
-def ts_to_iso(ts_us: int) -> str:
-    """Exact to the microsecond over the whole stored range (no float on the way)."""
-    return (_NAIVE_EPOCH + dt.timedelta(microseconds=ts_us)).isoformat(timespec="microseconds") + "Z"
-
-
-def datetime_to_us(value: dt.datetime) -> int:
-    """A naive datetime read back from DuckDB is UTC."""
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.timezone.utc)
-    return (value - EPOCH) // _US
 
 
 def decode_json(body: bytes) -> Any:
@@ -191,9 +172,7 @@ def parse_ts(value: Any, where: str, default_us: int) -> int:
             parsed = dt.datetime.fromisoformat(value)
         except ValueError:
             raise BadRequest(f"{where}: unparseable timestamp {value[:64]!r} (epoch seconds or ISO-8601)") from None
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=dt.timezone.utc)
-        us = (parsed - EPOCH) // _US
+        us = datetime_to_us(parsed)  # no zone: UTC
         if not MIN_TS_US <= us <= MAX_TS_US:
             raise BadRequest(f"{where}: {value[:64]!r} is outside the stored range 0001-01-01T00:00:00Z to "
                              "9999-12-31T23:59:59.999999Z")

@@ -14,7 +14,7 @@ import duckdb
 import functools
 from typing import TYPE_CHECKING, Any
 
-from ingest import store, tailload, tokens
+from ingest import store, tokens
 from ingest.actuator import build_actuator
 from ingest.config import Settings
 from ingest.fleetgauges import FleetCollector, GpuCollector
@@ -167,7 +167,7 @@ class Core:
         core = cls(con, reader, index, tail, writer, policy, hosts_sql, settings, slots)
         writer._reopen = core.reopen
         writer.start()
-        tailload.refine_in_background(reader)
+        reader.refine_tail_windows()
         if slots is not None:
             slots.on_acquire = core.adopt_slots
             _one_policy_runner(policy, slots)

@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ingest import promnames, reads
-from ingest.policy import utcnow
+from ingest.timestamps import utcnow
 
 if TYPE_CHECKING:
     from ingest.reader import Reader

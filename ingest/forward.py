@@ -59,7 +59,7 @@ from ingest.codec import Caps, check_id
 from ingest.errors import BadRequest, Overloaded
 from ingest.handlers.http import PRELOADED_BODY, json_response, read_body
 from ingest.handlers.push import refuse_known
-from ingest.keys import SETTINGS
+from ingest.keys import OTLP_MESSAGE, SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,6 @@ OTLP_PATHS = {  # path -> (request type, response type, the request's resources 
     "/v1/metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse, "resource_metrics"),
 }
 FORWARDED = "X-Fleetlog-Forwarded"
-OTLP_MESSAGE = web.RequestKey("otlp_message", object)  # the OTLP request (or this node's part), parsed here
 
 
 class Forwarder:

@@ -26,3 +26,4 @@ LIMITER = web.AppKey("limiter", InstanceRateLimiter)
 OTLP_GRPC_PORT = web.AppKey("otlp_grpc_port", int)  # the bound port (the setting may say 0: any)
 BUDGET = web.AppKey("budget", MemoryBudget)  # the memory that requests in flight may hold
 ENROLL_LIMITER = web.AppKey("enroll_limiter", InstanceRateLimiter)  # registrations per enrollment token
+OTLP_MESSAGE = web.RequestKey("otlp_message", object)  # the OTLP request (or this node's part), parsed by forward.py

@@ -23,10 +23,11 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 
 from ingest import otlp
 from ingest.budget import Charge, MemoryBudget
-from ingest.codec import Caps, now_us
+from ingest.codec import Caps
 from ingest.auth import PUSH, InstanceRateLimiter, TokenBook, check_instances, check_role
 from ingest.errors import RequestError, port_unavailable
 from ingest.forward import Forwarder, merge_otlp, post_otlp, split_otlp
+from ingest.timestamps import now_us
 from ingest.writer import Writer
 
 logger = logging.getLogger(__name__)

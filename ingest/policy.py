@@ -58,13 +58,14 @@ import duckdb
 import orjson
 
 from ingest.actuator import ActuationError, Actuator
-from ingest.codec import Event, now_us
+from ingest.codec import Event
 from ingest.errors import ConfigError, QueryError
 from ingest.notify import Notifier
 from ingest.observe import IngestMetrics
 from ingest.reads import check_select, deadline_cursor
 from ingest.streams import StreamIndex
 from ingest.tailcache import TailCache
+from ingest.timestamps import now_us, utcnow
 from ingest.writer import Writer
 
 logger = logging.getLogger(__name__)
@@ -161,10 +162,6 @@ class CycleReport:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
 class PolicyEngine:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,14 +23,17 @@ from typing import Any, Callable
 
 import duckdb
 
-from ingest import answers, reads, search, tailload
+from ingest import answers, reads, search
 from ingest.errors import StorageUnavailable, TooManyQueries
 from ingest.observe import IngestMetrics
 from ingest.streams import StreamIndex
 from ingest.tailcache import TailCache
 
+logger = logging.getLogger(__name__)
+
 READ_THREADS = 8  # the page's and agents' reads: small indexed queries
 FOLLOW_MAX_TAIL = 10_000
+REFINE_TIMEOUT_S = 120.0  # the start-up narrowing of the tail windows (one aggregate over the table)
 
 
 class _Lane:
@@ -131,6 +135,23 @@ class Reader:
         for lane in (self._sql, self._search):
             lane.pool.shutdown(wait=False, cancel_futures=True)
 
+    def refine_tail_windows(self) -> threading.Thread:
+        """Narrow the start-up windows (``StreamIndex.refine``) on a thread of its own, through a tracked
+        cursor (interrupted when the reader closes). Until it finishes, tail loads use the wide windows,
+        which are just as correct."""
+
+        def run() -> None:
+            try:
+                with reads.deadline_cursor(self, REFINE_TIMEOUT_S) as cur:
+                    narrowed = self.index.refine(cur, self.tail.capacity)
+                logger.info("tail windows narrowed for %d streams", narrowed)
+            except Exception as e:  # the wide windows stay: slower first tails, never wrong ones
+                logger.warning("tail windows not narrowed: %s", e)
+
+        thread = threading.Thread(target=run, name="fleetlog-tail-refine", daemon=True)
+        thread.start()
+        return thread
+
     # -- running ---------------------------------------------------------------------------------
     async def _run(self, api: str, fn: Callable, *args: Any, pool: ThreadPoolExecutor | None = None, **kwargs: Any) -> Any:
         started = time.perf_counter()
@@ -217,7 +238,7 @@ class Reader:
             if cached is None and cache.begin_load(key):
                 try:
                     bounds = self.index.tail_bounds(instance_id, source, cache.capacity)
-                    loaded, complete = await self._run("logs", tailload.load_tail, instance_id, source, cache.capacity, bounds)
+                    loaded, complete = await self._run("logs", reads.load_tail, instance_id, source, cache.capacity, bounds)
                 except BaseException:
                     cache.abort_load(key)
                     raise

@@ -19,6 +19,7 @@ User SQL (the SQL API, ``fleetlog query``) is judged before it runs and cannot c
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -26,9 +27,13 @@ from typing import Any, Iterator
 import duckdb
 import orjson
 
-from ingest.codec import MAX_EVENT_DEPTH, datetime_to_us, nests_deeper
+from ingest.codec import MAX_EVENT_DEPTH, nests_deeper
 from ingest.errors import QueryError, QueryTimeout, StorageUnavailable
+from ingest.streams import TailBounds
 from ingest.tailcache import TailRow
+from ingest.timestamps import datetime_to_us
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -176,30 +181,51 @@ def read_logs(
 
 
 TAIL_LOAD_SQL = "SELECT seq, epoch_us(ts), line FROM logs WHERE instance_id = ? AND source = ? AND run_id = ? AND seq >= ?"
+TAIL_WINDOW_SQL = TAIL_LOAD_SQL + " AND received_at BETWEEN make_timestamp(?) AND make_timestamp(?)"
 
 
 def load_tail(con, timeout_s: float, instance_id: str, source: str, n: int,
-              floor: tuple[str, int, bool] | None = None) -> tuple[list[TailRow], bool]:
-    """The newest ``n`` lines of (instance, source) for the tail cache, and whether that is all of them.
+              bounds: TailBounds | None) -> tuple[list[TailRow], bool]:
+    """The newest ``n`` lines of (instance, source) for the tail cache, oldest first, and whether that
+    is all of them; ``bounds`` (``StreamIndex.tail_bounds``) says where they are.
 
-    ``floor``: (run_id, seq, complete) from ``StreamIndex.tail_floor``: the newest ``n`` stored lines
-    are that run's lines from that seq on. The query then reads only the row groups that can hold
-    them (zone maps on seq) instead of every row group of the instance, and needs no sort in DuckDB.
-    Lines committed after the floor was taken have higher seqs, or reach the cache through its
-    pending list; either way the newest ``n`` are kept."""
-    if floor is None:
+    The seq floor: they are run ``bounds.run_id``'s lines from ``bounds.first_seq`` on, so the query
+    reads only the row groups that can hold them (zone maps on seq) instead of every row group of the
+    instance, and needs no sort in DuckDB. Lines committed after the bounds were taken have higher
+    seqs, or reach the cache through its pending list; either way the newest ``n`` are kept.
+
+    The commit window: DuckDB keeps exact min/max of numbers per row group, and rows are stored in
+    commit order, so ``received_at BETWEEN since AND until`` also skips every row group written outside
+    the window: a stream that wrote its newest lines in the last minute reads the last minute's row
+    groups, not the last hundred thousand rows of every instance. The window is checked, not trusted:
+    when the rows found with seqs up to the newest one known do not number what the index holds, the
+    load reads by the floor alone and says so in the log. No bounds: the plain newest-lines read."""
+    if bounds is None:
         rows = read_logs(
             con, timeout_s, instance_id, source=source, run_id=None, tail=n + 1, after_seq=None, before_seq=None, q=None
         )
         tail = [(r, seq, ts, line) for _s, r, seq, ts, line in rows]
         return (tail[-n:] if n else []), len(tail) <= n
-    run_id, first, complete = floor
-    with deadline_cursor(con, timeout_s) as cur:
-        cur.execute(TAIL_LOAD_SQL, [instance_id, source, run_id, first])
-        found = cur.fetchall()
+    floor = [instance_id, source, bounds.run_id, bounds.first_seq]
+    found = None
+    if bounds.since_us is not None and bounds.until_us is not None:
+        found = _fetch(con, timeout_s, TAIL_WINDOW_SQL, floor + [bounds.since_us, bounds.until_us])
+        known = sum(1 for seq, _ts, _line in found if seq <= bounds.last_seq)
+        if known != bounds.lines:
+            logger.warning("tail of %s/%s: %d of %d lines inside the commit window; reading without it",
+                           instance_id, source, known, bounds.lines)
+            found = None
+    if found is None:
+        found = _fetch(con, timeout_s, TAIL_LOAD_SQL, floor)
     found.sort()
-    tail = [(run_id, seq, ts, line) for seq, ts, line in found[-n:]] if n else []
-    return tail, complete and len(found) <= n
+    tail = [(bounds.run_id, seq, ts, line) for seq, ts, line in found[-n:]] if n else []
+    return tail, bounds.complete and len(found) <= n
+
+
+def _fetch(con, timeout_s: float, sql: str, params: list[Any]) -> list[tuple]:
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
 
 
 # -- log completeness: the log_streams and instance_logs views (migration 005) decide it ----------------

@@ -20,9 +20,9 @@ from typing import Any
 import duckdb
 
 from ingest import tokens
-from ingest.codec import datetime_to_us
 from ingest.errors import QueryError
 from ingest.reads import deadline_cursor
+from ingest.timestamps import datetime_to_us
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000

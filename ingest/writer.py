@@ -39,11 +39,12 @@ import duckdb
 import pyarrow as pa
 
 from ingest import store
-from ingest.codec import Event, LogChunk, MetricRows, now_us
+from ingest.codec import Event, LogChunk, MetricRows
 from ingest.errors import Overloaded, PayloadTooLarge, StorageUnavailable, StoreError
 from ingest.observe import IngestMetrics
 from ingest.streams import StreamIndex, StreamKey
 from ingest.tailcache import TailCache, TailKey, TailRow
+from ingest.timestamps import now_us
 
 logger = logging.getLogger(__name__)
 

@@ -6,6 +6,8 @@ import datetime as dt
 
 import orjson
 
+from ingest.timestamps import utcnow  # noqa: F401 (the tests' clock is the server's; imported from here)
+
 OOM_DAEMON_LOG = [
     "2026-11-29T11:20:49Z INFO cuzk_daemon: listening on 127.0.0.1:9820, 1 GPU (NVIDIA RTX PRO 4000 Blackwell, 24 GiB)",
     "2026-11-29T11:20:52Z INFO cuzk_daemon::srs: loading SRS for 32GiB sectors from /var/tmp/filecoin-proof-parameters",
@@ -23,10 +25,6 @@ BENCH_OUTPUT = [
 
 def iso(t: dt.datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
 async def post(client, path: str, doc) -> dict:

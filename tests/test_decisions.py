@@ -395,3 +395,21 @@ async def test_unreachable_notify_webhook_is_counted(aiohttp_client, policy_sett
     await client.app[CORE].policy.close()  # waits for the two attempts
     counted = (await gauges(client))["fleetlog_policy_notifications_dropped_total"]
     assert counted[(("reason", "unreachable"),)] == 2
+
+
+async def test_one_webhook_client_posts_json_and_names_an_unreachable_hook(aiohttp_server):
+    """``notify.post_json`` serves the notifier and the webhook actuator alike: naive datetimes go out
+    as UTC, the answer comes back as (status, text), and no answer is one error."""
+    from ingest.actuator import ActuationError, WebhookActuator
+    from ingest.notify import WebhookUnreachable, post_json
+    from tests.conftest import free_port
+
+    hook, url = await recorder(aiohttp_server)
+    hook.status = 503
+    status, text = await post_json(url, {"at": dt.datetime(2024, 5, 1, 12, 0)}, 5.0)
+    assert (status, orjson.loads(text)) == (503, {"ok": False})
+    assert hook.bodies == [{"at": "2024-05-01T12:00:00+00:00"}]
+    with pytest.raises(WebhookUnreachable, match="ClientConnectorError"):
+        await post_json(f"http://127.0.0.1:{free_port()}/x", {}, 5.0)
+    with pytest.raises(ActuationError, match=r"^webhook answered 503: \{\"ok\": false\}$"):
+        await WebhookActuator(url, 5.0).carry_out({"id": 1})

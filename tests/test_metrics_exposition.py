@@ -10,7 +10,8 @@ import subprocess
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.codec import MetricRows, now_us
+from ingest.codec import MetricRows
+from ingest.timestamps import now_us
 from tests.test_alerts import promtool
 
 HOSTILE_KEYS = ["", "__name__", "a-b", "a b", "0gpu", "__meta", "gpu.uuid"]

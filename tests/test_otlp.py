@@ -186,3 +186,11 @@ def test_grpc_export_needs_the_instance_token(server_process):
     send_logs(GrpcLogExporter(endpoint=endpoint, insecure=True, headers={"authorization": f"Bearer {token}"}), "C.tok",
               DAEMON, numbered=True)
     assert stored_logs(server, "C.tok") == [("benchdaemon", "0", i, line) for i, line in enumerate(DAEMON)]
+
+
+def test_handlers_never_import_forward_which_imports_them():
+    """forward.py sits above handlers/ (it imports http and push): no handler imports it back."""
+    from tests.conftest import REPO
+
+    back = [p.name for p in (REPO / "ingest" / "handlers").glob("*.py") if "ingest.forward" in p.read_text()]
+    assert back == []

@@ -15,13 +15,14 @@ import orjson
 from ingest import codec
 from ingest.app import create_app
 from ingest.keys import CORE, DB
-from ingest.policy import CycleReport, utcnow
+from ingest.policy import CycleReport
+from ingest.timestamps import now_us, utcnow
 
 
 def _chunks(instance_id: str, seqs) -> list[codec.LogChunk]:
     doc = {"instance_id": instance_id, "source": "benchout",
            "lines": [{"seq": s, "ts": 1795951000 + s, "line": f"line {s}"} for s in seqs]}
-    return codec.parse_logs(doc, 1024, codec.now_us())
+    return codec.parse_logs(doc, 1024, now_us())
 
 
 def _stored(client, instance_id: str) -> list[int]:

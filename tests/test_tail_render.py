@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from ingest.codec import MAX_TS_US, MIN_TS_US, ts_to_iso
+from ingest.codec import MAX_TS_US, MIN_TS_US
 from ingest.handlers.read import render_lines
+from ingest.timestamps import ts_to_iso
 
 stamps = st.integers(min_value=MIN_TS_US, max_value=MAX_TS_US)
 

@@ -1,4 +1,4 @@
-"""The tail load's commit-time window (StreamIndex marks + ingest/tailload.py) never loses a line.
+"""The tail load's commit-time window (StreamIndex marks + ``reads.load_tail``) never loses a line.
 
 The window is what lets the load skip row groups; a window one microsecond too narrow would silently
 drop lines from a tail. These tests attack it with commits whose clock steps back, restarts, the
@@ -15,7 +15,7 @@ import duckdb
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ingest import streams, tailload
+from ingest import reads, streams
 from ingest.streams import StreamIndex, TailBounds
 from tests.test_read_api import get_json, push_lines
 
@@ -63,7 +63,7 @@ def test_window_holds_every_newest_line_whatever_the_commits(steps, n, bucket, s
             inside = [(r, s) for r, s in sorted(stored) if r == bounds.run_id and bounds.first_seq <= s <= bounds.last_seq]
             assert inside == newest and bounds.lines == len(newest)
             assert all(bounds.since_us <= stored[key] <= bounds.until_us for key in inside)  # the window holds them
-            rows, complete = tailload.load_tail(con, 10, INSTANCE, SOURCE, n, bounds)
+            rows, complete = reads.load_tail(con, 10, INSTANCE, SOURCE, n, bounds)
             assert [(r, s, line) for r, s, _ts, line in rows] == [(r, s, f"line {r}/{s}") for r, s in newest]
             assert complete == (len(stored) <= n)
 
@@ -75,10 +75,24 @@ def test_a_window_that_misses_lines_is_not_trusted(caplog):
         con.execute("INSERT INTO logs VALUES (?, ?, '0', ?, make_timestamp(0), make_timestamp(?), ?)",
                     [INSTANCE, SOURCE, s, 1000 + s, f"line {s}"])
     too_narrow = TailBounds("0", 5, 9, 5, False, since_us=1007, until_us=1009)
-    with caplog.at_level(logging.WARNING, logger="ingest.tailload"):
-        rows, complete = tailload.load_tail(con, 10, INSTANCE, SOURCE, 5, too_narrow)
+    with caplog.at_level(logging.WARNING, logger="ingest.reads"):
+        rows, complete = reads.load_tail(con, 10, INSTANCE, SOURCE, 5, too_narrow)
     assert [r[1] for r in rows] == [5, 6, 7, 8, 9] and not complete
     assert "3 of 5 lines inside the commit window" in caplog.text
+
+
+def test_one_load_tail_reads_by_the_floor_when_the_bounds_have_no_window():
+    """The one load (``reads.load_tail``) takes the index's bounds whatever they hold: no window, the
+    seq floor alone; no bounds, the newest lines by the plain read."""
+    con = _table()
+    for s in range(10):
+        con.execute("INSERT INTO logs VALUES (?, ?, '0', ?, make_timestamp(0), make_timestamp(?), ?)",
+                    [INSTANCE, SOURCE, s, 1000 + s, f"line {s}"])
+    floor_only = TailBounds("0", 5, 9, 5, True, since_us=None, until_us=None)
+    rows, complete = reads.load_tail(con, 10, INSTANCE, SOURCE, 5, floor_only)
+    assert [r[1] for r in rows] == [5, 6, 7, 8, 9] and complete
+    rows, complete = reads.load_tail(con, 10, INSTANCE, SOURCE, 4, None)
+    assert [r[1] for r in rows] == [6, 7, 8, 9] and not complete
 
 
 def test_marks_stay_bounded_and_the_window_tight_for_a_stream_of_many_small_commits():

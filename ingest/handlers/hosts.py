@@ -9,7 +9,7 @@ from ingest.auth import ADMIN, requires
 from ingest.errors import BadRequest, NotFound
 from ingest.handlers.http import int_param, json_response, read_body
 from ingest.keys import CORE, DB, SETTINGS
-from ingest.policy import utcnow
+from ingest.timestamps import utcnow
 
 MAX_VERDICT_BODY_BYTES = 64 * 1024
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 from aiohttp import web
 
 from ingest import otlp
-from ingest.codec import now_us
 from ingest.errors import BadRequest
 from ingest.auth import PUSH, requires
-from ingest.forward import OTLP_MESSAGE
 from ingest.handlers.http import read_body
 from ingest.handlers.push import admit, caps_of
-from ingest.keys import SETTINGS, WRITER
+from ingest.keys import OTLP_MESSAGE, SETTINGS, WRITER
+from ingest.timestamps import now_us
 
 
 async def _message(request: web.Request, content_type: str, message_type):

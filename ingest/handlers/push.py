@@ -22,6 +22,7 @@ from ingest.auth import ADMIN, OPEN, PRINCIPAL, PUSH, Principal, check_instances
 from ingest.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge
 from ingest.handlers.http import json_response, read_body
 from ingest.keys import DB, ENROLL_LIMITER, LIMITER, SETTINGS, TOKENS, WRITER
+from ingest.timestamps import now_us
 
 
 def caps_of(settings) -> codec.Caps:
@@ -58,7 +59,7 @@ async def _json(request: web.Request):
 async def post_logs(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     body = await read_body(request, settings.max_body_bytes)
-    chunks = codec.parse_logs_body(body, settings.max_line_bytes, codec.now_us(), caps_of(settings))
+    chunks = codec.parse_logs_body(body, settings.max_line_bytes, now_us(), caps_of(settings))
     del body
     admit(request, _log_rows(chunks))
     return await _write(request, "logs", logs=chunks)
@@ -73,7 +74,7 @@ async def post_log_push(request: web.Request) -> web.Response:
         request.headers.get("X-Instance-Id"),
         request.headers.get("X-Log-Source"),
         settings.max_line_bytes,
-        codec.now_us(),
+        now_us(),
         caps_of(settings),
     )
     admit(request, _log_rows([chunk]))
@@ -85,7 +86,7 @@ async def post_events(request: web.Request) -> web.Response:
     """Lifecycle events. With tokens on, registering with the enrollment (or admin) token returns
     each registered instance's own push token: ``{"tokens": {instance_id: token}}``."""
     settings = request.app[SETTINGS]
-    events = codec.parse_events(await _json(request), codec.now_us(), caps_of(settings))
+    events = codec.parse_events(await _json(request), now_us(), caps_of(settings))
     rows: dict[str, int] = {}
     for event in events:
         rows[event.instance_id] = rows.get(event.instance_id, 0) + 1
@@ -109,7 +110,7 @@ async def post_events(request: web.Request) -> web.Response:
         replays = await refuse_known(request, registering) if principal.kind == "enroll" else set()
         issued = {i: enrollment.derive_token(key, i) if key else book.new_token() for i in registering if i not in replays}
         fresh = [e for e in events if e.instance_id not in replays]  # a replay's events are stored already
-        now = codec.now_us()
+        now = now_us()
         enrolled = sorted(issued) if principal.kind == "enroll" else []
 
         def store_tokens(con) -> None:
@@ -216,7 +217,7 @@ async def post_admin_instances(request: web.Request) -> web.Response:
         if unvouched:
             raise Conflict(f"instance_ids: {unvouched[0]!r} was enrolled by the shared enrollment token before it was declared; "
                            "whose agent that was cannot be told, so it is not vouched for (destroy it and create another)")
-        now = codec.now_us()
+        now = now_us()
         await request.app[WRITER].execute(lambda con: enrollment.declare(con, ids, now), kind="declare")
     return json_response({"ok": True, "declared": ids})
 
@@ -230,7 +231,7 @@ async def post_instance_token(request: web.Request) -> web.Response:
         if instance_id not in await _existing(request, [instance_id]):
             raise NotFound(f"instance_id: no instance {instance_id!r}")
         token, token_sha = book.new_token()
-        now = codec.now_us()
+        now = now_us()
         await request.app[WRITER].execute(
             lambda con: write_instance_token(con, instance_id, token_sha, now, revoke_old=True), kind="token"
         )
@@ -241,6 +242,6 @@ async def post_instance_token(request: web.Request) -> web.Response:
 @requires(PUSH)
 async def post_metrics(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
-    rows = codec.parse_metrics(await _json(request), codec.now_us(), caps_of(settings))
+    rows = codec.parse_metrics(await _json(request), now_us(), caps_of(settings))
     admit(request, {rows.instance_id[0]: len(rows)})
     return await _write(request, "metrics", metrics=rows)

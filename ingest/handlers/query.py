@@ -16,7 +16,7 @@ from ingest.errors import BadRequest
 from ingest.handlers.http import read_body
 from ingest.keys import BUDGET, DB, METRICS, SETTINGS
 from ingest import queryfiles
-from ingest.policy import utcnow
+from ingest.timestamps import utcnow
 
 MAX_QUERY_BODY_BYTES = 1024 * 1024
 

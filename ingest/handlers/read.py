@@ -9,10 +9,10 @@ import time
 
 from aiohttp import web
 
-from ingest.codec import ts_to_iso
 from ingest.errors import BadRequest, NotFound
 from ingest.handlers.http import dumps, int_param, json_response
 from ingest.keys import CORE, DB
+from ingest.timestamps import ts_to_iso
 
 MAX_TAIL = 10_000
 FOLLOW_POLL_S = 0.5  # how often a follow=1 stream looks for new lines

@@ -14,10 +14,11 @@ import re
 from aiohttp import web
 
 from ingest import search
-from ingest.codec import now_us, parse_ts, ts_to_iso
+from ingest.codec import parse_ts
 from ingest.errors import BadRequest
 from ingest.handlers.http import int_param, json_response
 from ingest.keys import DB
+from ingest.timestamps import now_us, ts_to_iso
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
