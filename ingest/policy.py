@@ -531,16 +531,23 @@ def _store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple[Rule, t
                      ) -> tuple[list[int], list[int]]:
     """Insert what is new (decided at ``now``: when the rules had run); a decision still proposed, or a
     verdict fleetlog acts on itself, decided again with another reason or evidence takes the new ones.
-    Returns (new ids, updated ids)."""
+    Returns (new ids, updated ids).
+
+    What is new is inserted in one statement, whatever its number: in a transaction, each DuckDB
+    ``INSERT ... ON CONFLICT`` holds ~150 KiB of transaction-local memory until the commit, so a cycle
+    deciding 1,600 things at once (a fleet gone silent: a mark_stale each) ran the commit out of
+    DuckDB's 256 MiB (503, and the next cycle again), tests/test_policy_scale.py."""
     new_ids, updated = [], []
     subjects = sorted({str(subject) for _rule, (subject, *_rest) in decided})
     held_rows = con.execute(  # one query for what is held, whatever the number of decisions
         "SELECT rule, subject, episode, id, state, reason, evidence::VARCHAR FROM decisions "
         "WHERE subject IN (SELECT unnest(?::VARCHAR[]))", [subjects]).fetchall() if subjects else []
     holding = {(r, subj, ep): rest for r, subj, ep, *rest in held_rows}
+    fresh: dict[tuple[str, str, str], tuple] = {}  # the first of each (rule, subject, episode), in order
     for rule, (subject, action, reason, evidence, episode, expires_at) in decided:
         internal = action in INTERNAL_ACTIONS
-        held = holding.get((rule.name, str(subject), episode))
+        key = (rule.name, str(subject), episode)
+        held = holding.get(key)
         if held:
             decision_id, state, held_reason, held_evidence = held
             changed = held_reason != reason or orjson.loads(held_evidence) != orjson.loads(evidence)
@@ -549,17 +556,36 @@ def _store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple[Rule, t
                             [reason, evidence, rule.sha, decision_id])
                 updated.append(decision_id)
             continue
-        inserted = con.execute(  # no RETURNING: lake mode's decisions table is PostgreSQL's (ingest/lake.py)
-            """INSERT INTO decisions (rule, rule_sha, subject, action, reason, evidence, episode, decided_at, expires_at,
-                                      state, executed_at, settled_at)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-               ON CONFLICT DO NOTHING""",
-            [rule.name, rule.sha, str(subject), action, reason, evidence, episode, now, expires_at,
-             "executed" if internal else "proposed", now if internal else None, now if internal else None],
-        ).fetchone()[0]
-        if inserted:
-            new_ids.append(con.execute("SELECT id FROM decisions WHERE rule = ? AND subject = ? AND episode = ?",
-                                       [rule.name, str(subject), episode]).fetchone()[0])
+        fresh.setdefault(key, (rule.sha, action, reason, evidence, expires_at, "executed" if internal else "proposed"))
+    if not fresh:
+        return new_ids, updated
+    keys = list(fresh)
+    columns = list(zip(*(k + v for k, v in fresh.items())))
+    names, shas, subject_ids, actions, reasons, evidences, episodes, expires, states = (
+        columns[0], columns[3], columns[1], columns[4], columns[5], columns[6], columns[2], columns[7], columns[8])
+    # no RETURNING and no ON CONFLICT: lake mode's decisions table is PostgreSQL's (ingest/lake.py), and
+    # DuckDB's postgres scanner stores only the first row of an INSERT ... SELECT ... ON CONFLICT DO NOTHING
+    con.execute(
+        """INSERT INTO decisions (rule, rule_sha, subject, action, reason, evidence, episode, decided_at, expires_at,
+                                  state, executed_at, settled_at)
+           SELECT rule, rule_sha, subject, action, reason, evidence, episode, $now, expires_at, state,
+                  CASE WHEN state = 'executed' THEN $now END, CASE WHEN state = 'executed' THEN $now END
+           FROM (SELECT unnest($rule::VARCHAR[]) AS rule, unnest($sha::VARCHAR[]) AS rule_sha,
+                        unnest($subject::VARCHAR[]) AS subject, unnest($action::VARCHAR[]) AS action,
+                        unnest($reason::VARCHAR[]) AS reason, unnest($evidence::VARCHAR[]) AS evidence,
+                        unnest($episode::VARCHAR[]) AS episode, unnest($expires::TIMESTAMP[]) AS expires_at,
+                        unnest($state::VARCHAR[]) AS state) AS n
+           WHERE NOT EXISTS (SELECT 1 FROM decisions d WHERE d.rule = n.rule AND d.subject = n.subject
+                             AND d.episode = n.episode)""",
+        {"now": now, "rule": list(names), "sha": list(shas), "subject": list(subject_ids), "action": list(actions),
+         "reason": list(reasons), "evidence": list(evidences), "episode": list(episodes), "expires": list(expires),
+         "state": list(states)},
+    )
+    # the ones this commit inserted (decided at ``now``; one held already, e.g. another node's, kept its own)
+    ids = {(r, subj, ep): i for r, subj, ep, i in con.execute(
+        "SELECT rule, subject, episode, id FROM decisions WHERE decided_at = ?::TIMESTAMP "
+        "AND subject IN (SELECT unnest(?::VARCHAR[]))", [now, sorted(set(subject_ids))]).fetchall()}
+    new_ids = [ids[key] for key in keys if key in ids]
     return new_ids, updated
 
 

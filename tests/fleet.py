@@ -157,3 +157,87 @@ async def get(client, path):
     r = await client.get(path)
     assert r.status == 200, await r.text()
     return await r.json()
+
+
+# -- a fleet of many instances, bulk (the scale tests and bench/policy_scale.py) --------------------
+SCALE_SOURCES = ("setup", "benchout", "benchdaemon")
+DCGM = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP")
+
+
+def scale_fate(i: int) -> str:
+    """One in 20 failed (daemon OOM), one below min_rate, one failed parameter fetch, one hung; passed."""
+    return {0: "failed", 1: "below_min_rate", 2: "params_failed", 3: "hung"}.get(i % 20, "passed")
+
+
+async def bulk_fleet(client, n: int, done: dt.datetime, *, lines: int = 100, samples: int = 60,
+                     prefix: str = "C.s") -> None:
+    """``n`` instances in the shapes of bench_instance / demo_fleet, written in a few commits: their
+    events through the writer (registered, params_done, bench_started, bench_done, gpu_state,
+    logs_complete: the store's own side effects on instances and bench_runs), then ``lines`` log lines
+    per stream (setup, benchout, benchdaemon; the last daemon line of a failed run is a CUDA OOM) and
+    ``samples`` DCGM samples per metric (4 metrics, 5 s apart, up to the run's end) in one statement
+    each. Logs complete, except the hung instances' (no logs_complete)."""
+    from ingest.codec import Event
+    from ingest.keys import WRITER
+
+    writer = client.app[WRITER]
+    us = lambda t: int((t - dt.datetime(1970, 1, 1)).total_seconds() * 1_000_000)  # noqa: E731
+    events, fates = [], {}
+    for i in range(n):
+        iid, fate = f"{prefix}{i}", scale_fate(i)
+        fates[iid] = fate
+        end = done - dt.timedelta(seconds=i % 600)
+        started = end - dt.timedelta(minutes=10) if fate != "hung" else done - dt.timedelta(hours=3)
+        evs = [("registered", started - dt.timedelta(minutes=4),
+                {"machine_id": 10_000 + i // 2, "host_id": 100_000 + i, "gpu_model": ("RTX 4090", "RTX 3090")[i % 2],
+                 "gpu_count": 1, "dph": 0.4}),
+               ("params_done", started - dt.timedelta(seconds=1), {"exit_code": 2 if fate == "params_failed" else 0})]
+        if fate != "params_failed":
+            evs.append(("bench_started", started, {"proofs": 12, "concurrency": 3, "partition_workers": 16}))
+            evs.append(("gpu_state", started, {"state": "ok"}))
+        if fate in ("passed", "below_min_rate", "failed"):
+            rate = {"passed": 40.0 + i % 7, "below_min_rate": 12.5, "failed": 0.0}[fate]
+            evs.append(("bench_done", end, {"exit_code": 1 if fate == "failed" else 0, "rate_per_hour": rate,
+                                            "duration_s": 600.0, "proofs_ok": 0 if fate == "failed" else 12,
+                                            "failure_excerpt": "\n".join(OOM_DAEMON_LOG[-2:]) if fate == "failed" else None}))
+        if fate != "hung":
+            evs.append(("logs_complete", end + dt.timedelta(seconds=1),
+                        {"sources": {s: lines - 1 for s in SCALE_SOURCES}}))
+        events += [Event(iid, kind, us(t), {"instance_id": iid, "kind": kind, "ts": iso(t), **body}) for kind, t, body in evs]
+    for lo in range(0, len(events), 5000):
+        await writer.submit(events=events[lo:lo + 5000], kind="events")
+    ids = list(fates)
+    failed = [iid for iid, fate in fates.items() if fate == "failed"]
+    hung = [iid for iid, fate in fates.items() if fate == "hung"]
+
+    def insert(con) -> None:
+        # the hung ones: the server heard of their start back then (hung is measured by its clock)
+        con.execute("UPDATE bench_runs SET started_received_at = started_at WHERE instance_id IN (SELECT unnest(?::VARCHAR[]))",
+                    [hung])
+        con.execute(
+            """INSERT INTO logs
+               SELECT r.instance_id, s.source, '0', t.seq, r.done_at - to_microseconds((? - t.seq) * 1000000),
+                      now()::TIMESTAMP,
+                      CASE WHEN s.source = 'benchdaemon' AND t.seq = ? - 1 AND list_contains(?::VARCHAR[], r.instance_id)
+                           THEN ? ELSE s.source || ': partition ' || t.seq::VARCHAR || ' of PoRep C2 proof synthesized in '
+                                       || (800 + t.seq % 97)::VARCHAR || ' ms (constraints 130278869)' END,
+                      false
+               FROM (SELECT instance_id, max(coalesce(done_at, started_at + INTERVAL 10 MINUTE, TIMESTAMP '2026-01-01')) AS done_at
+                     FROM instances LEFT JOIN bench_runs USING (instance_id)
+                     WHERE instance_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY ALL) r,
+                    unnest(?::VARCHAR[]) s(source), range(?) t(seq)""",
+            [lines, lines, failed, OOM_DAEMON_LOG[3], ids, list(SCALE_SOURCES), lines],
+        )
+        con.execute(
+            """INSERT INTO metrics
+               SELECT r.instance_id, m.name, r.done_at - to_microseconds(t.k * 5000000),
+                      CASE m.name WHEN 'DCGM_FI_DEV_GPU_UTIL' THEN 90 + t.k % 10 WHEN 'DCGM_FI_DEV_FB_USED' THEN 20000 + t.k
+                                  WHEN 'DCGM_FI_DEV_POWER_USAGE' THEN 300.5 ELSE 70 END,
+                      '{"gpu":"0"}', now()::TIMESTAMP
+               FROM (SELECT instance_id, done_at FROM bench_runs WHERE done_at IS NOT NULL
+                     AND instance_id IN (SELECT unnest(?::VARCHAR[]))) r,
+                    unnest(?::VARCHAR[]) m(name), range(?) t(k)""",
+            [ids, list(DCGM), samples],
+        )
+
+    await writer.execute(insert, kind="policy")
