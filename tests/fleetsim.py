@@ -395,7 +395,9 @@ class Fleet:
                 if ran[m.instance_id] < basis:
                     problems.append(f"{m.instance_id} actuator ran before its logs_complete was stored")
         # the deploy gate: machines excluded as the rules promise
-        excluded = {int(d["subject"]) for d in decisions if d["action"] == "exclude_host"}
+        # what an orchestrator reads (the hosts API): an exclusion decided on a run judged hung that then
+        # passed is on record, but no longer bars its machine
+        excluded = {h["machine_id"] for h in self.client.get("/api/v1/hosts")["hosts"] if h.get("bad")}
         failures_on: dict[int, list[str]] = {}
         for m in self.members:
             if m.class_expected:
