@@ -270,8 +270,8 @@ class Fleet:
     def kill_group(m: Member) -> None:
         # the agent's reaper runs the benchmark in a session of its own (it outlives the agent by
         # design): sweep every process whose command line names this instance's directory too
-        home = str(m.home).encode()
-        for proc in Path("/proc").glob("[0-9]*"):
+        home = (str(m.home.resolve()) + "/").encode()
+        for proc in Path("/proc").glob("[0-9]*") if m.proc else ():  # never started: nothing of its own
             try:
                 if home in (proc / "cmdline").read_bytes():
                     os.killpg(os.getpgid(int(proc.name)), signal.SIGKILL)
