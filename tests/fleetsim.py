@@ -269,11 +269,11 @@ class Fleet:
     @staticmethod
     def kill_group(m: Member) -> None:
         # the agent's reaper runs the benchmark in a session of its own (it outlives the agent by
-        # design): sweep every process whose command line names this instance's directory too
+        # design): sweep every process whose command line or environment names this instance's directory too
         home = (str(m.home.resolve()) + "/").encode()
         for proc in Path("/proc").glob("[0-9]*") if m.proc else ():  # never started: nothing of its own
             try:
-                if home in (proc / "cmdline").read_bytes():
+                if home in (proc / "cmdline").read_bytes() or home in (proc / "environ").read_bytes():
                     os.killpg(os.getpgid(int(proc.name)), signal.SIGKILL)
             except (OSError, ProcessLookupError):
                 pass
