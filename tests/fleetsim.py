@@ -35,6 +35,7 @@ from pathlib import Path
 import orjson
 
 from ingest.client import Client
+from tests import procs
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "tests" / "scripts"
@@ -240,12 +241,9 @@ class Fleet:
         """SIGKILL the `fleetlog-agent run` of m's group (the benchmark keeps running, orphaned, as
         in a container whose agent died); True once done."""
         assert m.proc
-        out = subprocess.run(["ps", "-o", "pid=,args=", "--sid", str(m.proc.pid)], capture_output=True, text=True).stdout
-        for row in out.splitlines():
-            pid, _, args = row.strip().partition(" ")
-            if "fleetlog-agent run" in args:
-                os.kill(int(pid), signal.SIGKILL)
-                return True
+        for pid in procs.agent_runs(m.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+            return True
         return False
 
     def restart_agent(self, m: Member, timeout_s: float = 120) -> None:
@@ -263,8 +261,7 @@ class Fleet:
         (m.home / "hold").touch()
 
     def _has_run_agent(self, m: Member) -> bool:
-        out = subprocess.run(["ps", "-o", "args=", "--sid", str(m.proc.pid)], capture_output=True, text=True).stdout
-        return any("fleetlog-agent run" in a for a in out.splitlines())
+        return bool(procs.agent_runs(m.proc.pid))
 
     @staticmethod
     def kill_group(m: Member) -> None:

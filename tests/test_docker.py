@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from ingest.config import Settings
+from tests import procs
 from tests.conftest import REPO
 
 DOCKER = REPO / "docker"
@@ -295,15 +296,13 @@ def test_entrypoint_restarted_after_its_agent_was_killed_reports_the_benchmark_i
             return any(l["line"].startswith("Benchmark result:") for l in lines)
 
         wait_for(rate_line_stored, "the rate line to be stored")
-        ps = subprocess.run(["ps", "-o", "pid=,args=", "--sid", str(first.pid)], capture_output=True, text=True).stdout
-        [agent_pid] = [int(row.split()[0]) for row in ps.splitlines() if "fleetlog-agent run" in row]
+        [agent_pid] = procs.agent_runs(first.pid)
         os.kill(agent_pid, signal.SIGKILL)
         first.wait(timeout=120)  # the entrypoint exits on its agent's death; the benchmark runs on
         second = start_entrypoint(env, tmp_path / "entrypoint.1.out")
 
         def adopting():
-            rows = subprocess.run(["ps", "-o", "args=", "--sid", str(second.pid)], capture_output=True, text=True).stdout
-            return "fleetlog-agent run" in rows
+            return bool(procs.agent_runs(second.pid))
 
         wait_for(adopting, "the restarted entrypoint's benchmark agent")
         hold.touch()
