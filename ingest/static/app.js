@@ -1,4 +1,4 @@
-// The page's router: #/fleet, #/instance/<id>, #/machines, #/machine/<id>, #/decisions, #/search, #/query.
+// The page's router: #/fleet, #/instance/<id>, #/machines, #/machine/<id>, #/decisions, #/patterns, #/search, #/query.
 // Each view polls while shown; leaving it aborts its requests and timers.
 
 import { getToken, setToken } from "./api.js";
@@ -7,6 +7,7 @@ import { renderDecisions } from "./decisions.js";
 import { renderFleet } from "./fleet.js";
 import { renderInstance } from "./instance.js";
 import { renderMachine, renderMachines } from "./machines.js";
+import { renderPatterns } from "./patterns.js";
 import { renderQuery } from "./query.js";
 import { renderSearch } from "./search.js";
 
@@ -43,6 +44,7 @@ function route() {
   else if (name === "decisions") renderDecisions(root, params, signal);
   else if (name === "fleet") renderFleet(root, params, signal);
   else if (name === "search") renderSearch(root, params, signal);
+  else if (name === "patterns") renderPatterns(root, params, signal);
   else if (name === "query") renderQuery(root, params, signal);
   else replace(root, h("p", null, "No such page. ", h("a", { href: "#/fleet", text: "Back to the fleet" })));
 }
