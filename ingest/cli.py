@@ -128,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = _client_command(
         commands, "demo", "push a simulated fleet (healthy, slow, OOM, GPU lost, network failure) into a running server",
-        "Runs the real fleetlog-agent for six simulated instances against the server, then the policies "
+        "Runs the real fleetlog-agent for nine simulated instances against the server, then the policies "
         "(with the admin token when the server has tokens on).",
     )
     demo.add_argument("--keep", action="store_true", help="keep the generated scripts and agent logs")

@@ -1,6 +1,6 @@
 """``fleetlog demo``: a simulated fleet pushed into a running server through the real agent.
 
-Six instances, each driven the way ``docker/entrypoint.sh`` drives a real one: ``fleetlog-agent
+Nine instances, each driven the way ``docker/entrypoint.sh`` drives a real one: ``fleetlog-agent
 event registered``, ``wrap`` of a parameter fetch (source setup, then params_done), ``run`` of a
 benchmark with its daemon log tailed as benchdaemon, then ``event running`` for the healthy ones.
 The parameter fetch and the benchmark are small generated shell scripts that print what the real
@@ -33,6 +33,8 @@ class Profile:
     location: str
     outcome: str  # healthy, slow, oom, gpu_lost, network
     rate: float = 0.0
+    oom_gib: float = 3.2  # what the OOM failed to allocate (the same failure line, another size: one pattern)
+    driver: str = "575.57.08"
 
 
 FLEET = [
@@ -42,6 +44,11 @@ FLEET = [
     Profile("C.91000004", 55891, "RTX PRO 4000", 0.35, "Norway", "oom"),
     Profile("C.91000005", 41005, "RTX 4090", 0.40, "Quebec, CA", "gpu_lost"),
     Profile("C.91000006", 41006, "RTX 3090", 0.19, "Poland", "network"),
+    # the OOM's pattern on two more machines (other sizes, GPU models, a driver), and a healthy run of
+    # its GPU model to compare it with (`fleetlog patterns`, `fleetlog why C.91000004 --diff`)
+    Profile("C.91000007", 55892, "RTX PRO 4000", 0.36, "Norway", "healthy", 33.0),
+    Profile("C.91000008", 41008, "RTX A4000", 0.17, "Texas, US", "oom", oom_gib=1.6, driver="570.124.06"),
+    Profile("C.91000009", 41009, "RTX 4090", 0.41, "Germany", "oom", oom_gib=12.8),
 ]
 
 PARAMS = """#!/bin/sh
@@ -74,7 +81,7 @@ done
 echo "Benchmark result: {rate} proofs/hour"
 """,
     "oom": """echo "INFO cuzk_daemon::pce: allocating 21.4 GiB on device 0" >> "$log"
-echo "ERROR cuzk_daemon::pce: CUDA error: out of memory (cudaErrorMemoryAllocation) allocating 3.2 GiB for NTT" >> "$log"
+echo "ERROR cuzk_daemon::pce: CUDA error: out of memory (cudaErrorMemoryAllocation) allocating {oom_gib} GiB for NTT" >> "$log"
 echo "ERROR cuzk_daemon: prover thread panicked; shutting down" >> "$log"
 echo "waiting for warm-up proof..."
 echo "cuzk-bench: rpc error: daemon closed the connection" >&2
@@ -156,7 +163,7 @@ def run_instance(profile: Profile, client: Client, workdir: Path) -> str:
     bench = _write_script(
         home / "benchmark.sh",
         BENCH_HEAD.format(daemon_log=daemon_log, gpu_model=profile.gpu_model)
-        + BENCH_BODY[profile.outcome].format(proof_s=proof_s, rate=profile.rate),
+        + BENCH_BODY[profile.outcome].format(proof_s=proof_s, rate=profile.rate, oom_gib=profile.oom_gib),
     )
     env = {
         **os.environ,
@@ -170,7 +177,8 @@ def run_instance(profile: Profile, client: Client, workdir: Path) -> str:
         env["FLEETLOG_TOKEN"] = client.token
     log = home / "agent.log"
     identity = [f"machine_id={profile.machine_id}", f"host_id={profile.machine_id * 10 + 7}",
-                f"gpu_model={profile.gpu_model}", "gpu_count=1", f"dph={profile.dph}", f"location={profile.location}"]
+                f"gpu_model={profile.gpu_model}", "gpu_count=1", f"dph={profile.dph}", f"location={profile.location}",
+                f"driver={profile.driver}", 'labels={"image_version": "demo-1.0"}']
     _agent(["event", "registered", *identity], env, log)
     if _agent(["wrap", "--done-event", "params_done", "--", str(params)], env, log) != 0:
         return f"{profile.instance_id}: parameter fetch failed (see {log})"

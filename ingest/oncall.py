@@ -541,7 +541,8 @@ def _diff_lines(rows: list[dict], instance: str) -> list[str]:
         if first.get("parted_at") is None:
             lines.append(f"  {source}: alike throughout ({first.get('failed_lines')} lines)")
             continue
-        lines.append(f"  {source}: alike for {first['parted_at'] - 1} lines, parted at line {first['parted_at']} "
+        alike = first["parted_at"] - 1
+        lines.append(f"  {source}: alike for {alike} line{'s' if alike != 1 else ''}, parted at line {first['parted_at']} "
                      f"(failed run {first.get('failed_lines')} lines, healthy run {first.get('healthy_lines')})")
         for row in parted:
             if row.get("line_no") is None:
