@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from ingest import oncall, queryfiles, store
 from tests.conftest import REPO
 from tests.fleet import bench_instance, post, push_lines, rows, run_policies, utcnow
+from tests.lake_pg import postgres  # noqa: F401 (a fixture)
+from tests.test_lake import lake_client  # noqa: F401 (a fixture)
 
 QUERIES = REPO / "queries"
 
@@ -112,7 +114,7 @@ OOMS = [  # the same failure, three sizes, three request ids, three pointers
 
 def oom_line(size: str, ptr: str) -> str:
     return (f"ERROR cuzk_daemon::pce: CUDA error: out of memory (cudaErrorMemoryAllocation) allocating {size} for NTT "
-            f"(request {uuid.uuid4()}, buffer {ptr})")
+            f"(request {uuid.uuid5(uuid.NAMESPACE_OID, ptr)}, buffer {ptr})")
 
 
 HEALTHY_DAEMON = [
@@ -207,3 +209,19 @@ async def test_why_diff_and_patterns_print_through_the_http_api(client):
     text = out.getvalue()
     assert "compared with C.ok" in text and "benchdaemon: alike for 2 lines, parted at line 3" in text, text
     assert "- healthy  INFO cuzk_daemon::pce: PCE extraction done in 212 s" in text, text
+
+
+@pytest.mark.lake
+async def test_lake_groups_patterns_and_diffs_as_the_single_file_does(make_client, lake_client):
+    """The macro and the views are re-created in the lake's in-memory DuckDB (ingest/lake.py), the same SQL."""
+
+    async def answers(client):
+        await oom_fleet(client, utcnow() - dt.timedelta(seconds=30))
+        await run_policies(client)
+        spread = [(r[0], r[1], r[2], r[4], r[6], r[7], r[8], r[9]) for r in named(client, "patterns")]
+        diff = [(r[3], r[6], r[7], r[10], r[11], r[12]) for r in named(client, "run_diff", instance_id="C.p1")]
+        return spread, diff
+
+    single = await answers(await make_client(policy_interval_s=0))
+    assert single[0][0][3] == 3 and single[1], single
+    assert await answers(lake_client) == single
