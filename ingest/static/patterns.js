@@ -137,7 +137,7 @@ export async function renderDiff(el, id, signal) {
       "div",
       { class: "diff-source", "data-source": source },
       h("h3", { text: source }),
-      h("p", { class: "muted small", "data-parted-at": String(p.parted_at), text: `alike for ${p.parted_at - 1} lines, parted at line ${p.parted_at} (failed run ${p.failed_lines} lines, healthy run ${p.healthy_lines})` }),
+      h("p", { class: "muted small", "data-parted-at": String(p.parted_at), text: `alike for ${p.parted_at - 1} line${p.parted_at === 2 ? "" : "s"}, parted at line ${p.parted_at} (failed run ${p.failed_lines} lines, healthy run ${p.healthy_lines})` }),
       h(
         "table",
         { class: "grid diff" },
