@@ -29,7 +29,7 @@ from playwright.async_api import expect
 from ingest.app import create_app
 from tests.conftest import REPO, kill_group
 from tests.fleet import bench_instance, rows, run_policies, utcnow
-from tests.test_page import POLL_TIMEOUT_MS, page  # noqa: F401 (the Chromium fixture)
+from tests.test_page import ARTIFACTS, POLL_TIMEOUT_MS, page  # noqa: F401 (the Chromium fixture)
 
 OOM_EXCERPT = "ERROR cuzk_daemon::pce: CUDA error: out of memory (cudaErrorMemoryAllocation) allocating 3.2 GiB for NTT"
 SCRIPTS = REPO / "tests" / "scripts"
@@ -262,6 +262,7 @@ async def test_five_ooms_from_real_agents_on_one_gpu_model_notify_once_with_a_li
         await expect(page.locator("#failures-summary")).to_contain_text(f"5 failures · oom · {pro}")
         for gone in ("C.spike5", "C.other", "C.healthy"):  # after the window's end, another model, a pass
             await expect(table.locator(f'tr[data-instance="{gone}"]')).to_have_count(0)
+        await page.screenshot(path=ARTIFACTS / "spike_link_failures_view.png", full_page=True)
         await page.click('tr[data-instance="C.spike0"] a[href="#/instance/C.spike0"]')
         await expect(page.locator("#banner")).to_contain_text("Benchmark failed")
     finally:
