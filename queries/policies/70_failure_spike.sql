@@ -1,14 +1,14 @@
 -- rule: failure_spike
--- decides: alert on a spike: spike_failures failures of one class on one GPU model within
---   spike_window_s (the failure_spikes view, migration 018), while it is up or for one window after it
---   fell (a cycle that came late still tells), never for an episode in the past. One decision per
---   (class on GPU model, episode), recorded as executed; the server POSTs it to --notify-webhook-url as
---   event "alert" when it is decided, so once per episode, with evidence.link: the page's failures view
---   of exactly those failures ($public_url, the page_url setting). The decision follows its episode (a
---   later failure counts in its evidence, nobody is told again); an episode whose start moved (a failure
---   classed late, from before the one it began at) keeps the key of the held decision it overlaps.
+-- decides: alert on a spike: spike_failures failures of one class on one GPU model within spike_window_s
+--   (the failure_spikes view, migration 018); one decision per (class on GPU model, episode), notified once.
 -- params: $now (timestamp), $public_url (the page's base URL)
 -- output: decisions (subject = '<class> on <GPU model>', action = alert)
+-- An episode is decided while it is up or for one window after it fell (a cycle that came late still
+-- tells), never one in the past. The decision is recorded as executed; the server POSTs it to
+-- --notify-webhook-url as event "alert" when it is decided, with evidence.link: the page's failures view
+-- of exactly those failures. The decision follows its episode (a later failure counts in its evidence,
+-- nobody is told again); an episode whose start moved (a failure classed late, from before the one it
+-- began at) keeps the key of the held decision it overlaps.
 WITH up AS (
     SELECT s.*, s.failure_class || ' on ' || s.gpu_model AS subject
     FROM failure_spikes s
