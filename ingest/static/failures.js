@@ -50,7 +50,8 @@ function second(value, up) {
 }
 
 function money(value) {
-  return value === null || value === undefined ? "—" : `$${fmtNumber(value, 2)}`;
+  if (value === null || value === undefined) return "—";
+  return `$${fmtNumber(value, value > 0 && value < 0.01 ? 4 : 2)}`; // cents, or less: a failure seconds after its start
 }
 
 export function renderFailures(root, params, signal) {
