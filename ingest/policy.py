@@ -160,7 +160,7 @@ class CycleReport:
     executed: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
-    deferred: list[int] = field(default_factory=list)  # left proposed: not re-checked (its rule failed), or evidence stored during the run
+    deferred: list[int] = field(default_factory=list)  # not re-checked (its rule failed): left proposed
     capped: int = 0
     rule_errors: dict[str, str] = field(default_factory=dict)  # rule -> "timeout: ..." or "error: ..."
 
@@ -203,9 +203,6 @@ class PolicyEngine:
         self._check: _Recheck | None = None  # the re-check of the run carrying decisions out
         self._loop: asyncio.AbstractEventLoop | None = None  # run_forever's, while it runs
         self._woken: asyncio.Event | None = None  # set (on that loop) by wake()
-        self._evidence_lock = threading.Lock()
-        self._evidence_at: dict[str, float] = {}  # subject -> when wake() last saw its evidence stored
-        self._held_back: set[int] = set()  # destroys deferred by the last run for evidence stored during it
         writer.watch_events(WAKE_KINDS, self.wake)
         for rule in rules:  # the series exist at 0 from start-up, so that the first failure alerts
             metrics.policy_rule_failing.labels(rule=rule.name).set(0)
@@ -218,7 +215,6 @@ class PolicyEngine:
             started = time.perf_counter()
             now = now or utcnow()
             report = CycleReport(execute)
-            cycle_from = time.monotonic()  # before the classes are read: evidence stored after may be unseen
             try:
                 params = self.params.values(now)
                 for rule in self.rules:
@@ -243,13 +239,10 @@ class PolicyEngine:
                     for decision in await asyncio.to_thread(self._decisions, report.new_decisions):
                         self.notifier.send(decision["state"], decision)
                 if execute:
-                    await self._carry_out(report, now, (evaluated_at, decided), cycle_from)
+                    await self._carry_out(report, now, (evaluated_at, decided))
             except Exception:
                 self.metrics.policy_runs.labels(result="error").inc()
                 raise
-            finally:
-                with self._evidence_lock:  # what a later run needs: evidence stored after this one began
-                    self._evidence_at = {k: t for k, t in self._evidence_at.items() if t >= cycle_from}
             self.metrics.policy_runs.labels(result="partial" if report.rule_errors else "ok").inc()
             self.metrics.policy_seconds.observe(time.perf_counter() - started)
             if report.new_decisions or report.executed or report.failed or report.superseded or report.rule_errors:
@@ -340,26 +333,10 @@ class PolicyEngine:
         return dict(self.failing)
 
     async def _carry_out(self, report: CycleReport, now: dt.datetime,
-                         evaluated: tuple[dict[str, float], list[tuple[Rule, tuple]]] | None = None,
-                         cycle_from: float | None = None) -> None:
+                         evaluated: tuple[dict[str, float], list[tuple[Rule, tuple]]] | None = None) -> None:
         """``evaluated``: (when each rule began, what they decided) of this run's evaluation of every
-        rule, the first re-check. ``cycle_from``: when this run began (time.monotonic()): a destroy
-        whose subject's evidence (a logs_complete, a params_done) was stored since then is left
-        proposed for the next run, which that store woke: this run's classes were read before it (a
-        run classed on half its lines while its logs_complete arrived), and the rules after it. Once in
-        a row: a subject whose evidence never stops arriving is not held back for ever."""
+        rule, the first re-check."""
         proposed = await asyncio.to_thread(self._proposed)
-        if cycle_from is not None:
-            with self._evidence_lock:
-                fresh = {k for k, t in self._evidence_at.items() if t >= cycle_from}
-            held = [d for d in proposed if d["action"] == "destroy" and d["subject"] in fresh
-                    and d["id"] not in self._held_back]
-            self._held_back = {d["id"] for d in held}
-            for decision in held:
-                report.deferred.append(decision["id"])
-                logger.info("destroy of %s waits for the next run: its evidence was stored during this one",
-                            decision["subject"])
-            proposed = [d for d in proposed if d["id"] not in self._held_back]
         self._check = _Recheck(self, {d["rule"] for d in proposed}, now)
         if evaluated is not None:
             self._check.seed(*evaluated, dict(report.rule_errors))
@@ -545,14 +522,10 @@ class PolicyEngine:
         return row[0] if row else None
 
     # -- the timer -------------------------------------------------------------------------------
-    def wake(self, subjects: set[str] = frozenset()) -> None:
+    def wake(self) -> None:
         """Bring the timer's next cycle forward: evidence a decision waits for was stored (a
-        logs_complete or a params_done, of the instances ``subjects``; the writer calls this right
-        after the commit, on its own thread). Noted for _carry_out whether or not run_forever runs."""
-        at = time.monotonic()
-        with self._evidence_lock:
-            for subject in subjects:
-                self._evidence_at[subject] = at
+        logs_complete or a params_done; the writer calls this right after the commit, on its own
+        thread). A no-op while run_forever is not running."""
         loop, woken = self._loop, self._woken
         if loop is not None and woken is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
