@@ -1,4 +1,6 @@
-"""Lifecycle policies: the SQL rules in ``queries/policies/``, run on a timer or once.
+"""Lifecycle policies: the SQL rules in ``queries/policies/``, run on a timer or once. The timer's
+next run is brought forward when the writer commits a logs_complete or a params_done (``wake``):
+a destroy follows its evidence within a run or two, not at the next tick.
 
 A rule file opens with a comment header (``-- rule:``, ``-- decides:``/``-- answers:``,
 ``-- params:``, ``-- output:``) and holds one SELECT. Rules run in file-name order on one cursor;
