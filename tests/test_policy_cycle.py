@@ -279,6 +279,9 @@ async def test_a_destroy_is_carried_out_within_cycles_of_logs_complete_not_timer
     while rows(client, sql)[0][1] != "executed" and time.monotonic() < deadline:  # settled right after the call
         await asyncio.sleep(0.05)
     assert rows(client, sql) == [("oom", "executed")]
+    metrics = await (await client.get("/metrics")).text()
+    [woken] = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("fleetlog_policy_woken_runs_total ")]
+    assert woken >= 1
 
 
 async def test_lines_alone_do_not_wake_the_policy_cycle(aiohttp_client, policy_settings, tmp_path):
