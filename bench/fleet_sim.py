@@ -2,7 +2,9 @@
 SIGKILLed and restarted, a network cut, rotations and restarted agents (tests/fleetsim.py), then the
 decision latency (logs_complete stored -> the actuator ran, by its own clock) as a ratio to the policy
 interval (issue 21's goal: p99 <= 2 intervals), with a small fleet's latency (12 instances, no faults) measured in the same run as the reference
-(what the engine costs without the load of N instances on this host).
+(what the engine costs without the load of N instances on this host). Each run also prints where
+its latency went (tests/fleetsim.py's ``breakdown``: evidence -> decided -> actuator, the server's
+downtime inside it, the policy runs' and rules' seconds).
 
     BENCH_FLEET_N=40 BENCH_FLEET_MACHINES=18 BENCH_FLEET_INTERVAL_S=1 python bench/fleet_sim.py
 """
@@ -34,6 +36,7 @@ def main() -> int:
               f"{r['destroyed']}/{r['expected_destroyed']} destroyed, {r['healthy_destroyed']} healthy destroyed, "
               f"latency p50 {r['latency_p50_s']:.2f} s p99 {r['latency_p99_s']:.2f} s max {r['latency_max_s']:.2f} s, "
               f"{r['elapsed_s']:.0f} s in all; problems: {r['problems'] or 'none'}", flush=True)
+        print(f"{label}: where the latency went: {json.dumps(r['breakdown'])}", flush=True)
     fleet, ref = results["fleet"], results["reference"]
     print(f"decision latency p99 / policy interval: {fleet['latency_p99_s'] / interval_s:.1f}x (goal <= 2x); "
           f"p99 / the 12-instance reference's p99: {fleet['latency_p99_s'] / ref['latency_p99_s']:.1f}x; "

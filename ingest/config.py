@@ -85,7 +85,7 @@ class Settings:
     queries_dir: str = _setting("", "directory of the SQL files, policies/ holding the rules (empty: the project's queries/)")
     min_rate: float = _setting(29.0, "benchmark rate in proofs/hour below which an instance is destroyed", minimum=0)
     policy_interval_s: float = _setting(
-        60.0, "seconds between policy runs in the server (0 disables the timer)", minimum=0, aliases=("--policy-interval",)
+        60.0, "seconds between policy runs in the server (0 disables the timer); a logs_complete stored brings the next forward", minimum=0, aliases=("--policy-interval",)
     )
     policy_execute: bool = _setting(False, "carry out decisions (destroy, delete logs); without it policies only propose")
     destroy_grace_s: float = _setting(600.0, "a destroy waits for logs_complete, or this long after the benchmark ended", minimum=0)

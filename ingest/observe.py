@@ -57,6 +57,11 @@ class IngestMetrics:
             "fleetlog_policy_missed_runs_total", "Timer runs skipped because a run took longer than the interval",
             registry=registry,
         )
+        self.policy_woken = Counter(
+            "fleetlog_policy_woken_runs_total",
+            "Timer runs brought forward by a wake-up (a logs_complete or params_done stored)",
+            registry=registry,
+        )
         self.policy_capped = Counter(
             "fleetlog_policy_capped_destroys_total", "Proposed destroys held back by destroy_cap_per_cycle",
             registry=registry,

@@ -1,4 +1,6 @@
-"""Lifecycle policies: the SQL rules in ``queries/policies/``, run on a timer or once.
+"""Lifecycle policies: the SQL rules in ``queries/policies/``, run on a timer or once. The timer's
+next run is brought forward when the writer commits a logs_complete or a params_done (``wake``):
+a destroy follows its evidence within a run or two, not at the next tick.
 
 A rule file opens with a comment header (``-- rule:``, ``-- decides:``/``-- answers:``,
 ``-- params:``, ``-- output:``) and holds one SELECT. Rules run in file-name order on one cursor;
@@ -73,6 +75,10 @@ logger = logging.getLogger(__name__)
 OUTPUTS = {"classify", "table", "decisions"}
 INTERNAL_ACTIONS = {"exclude_host", "mark_stale", "alert"}  # recorded as executed: nothing to carry out
 # (an alert is its notification: sent as event "alert" when decided, once per episode)
+# a commit that stores one of these wakes the timer's loop: the evidence a destroy waits for is complete
+# (not bench_done: a cycle woken between a run's end and its last lines would class it on half its evidence)
+WAKE_KINDS = frozenset({"logs_complete", "params_done"})
+_ASK = object()  # _still_selected: no re-check made yet
 PARAM_NAMES = {"min_rate", "destroy_grace_s", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "exclude_repeats", "now",
                "public_url"}
 _HEADER = re.compile(r"^--\s*([a-z_]+):\s*(.*)$")
@@ -204,6 +210,9 @@ class PolicyEngine:
         self.notifier = Notifier(notify_webhook_url, notify_timeout_s, metrics.registry)
         self.failing: dict[str, str] = {}  # rule -> why its last evaluation in a cycle failed
         self._check: _Recheck | None = None  # the re-check of the run carrying decisions out
+        self._loop: asyncio.AbstractEventLoop | None = None  # run_forever's, while it runs
+        self._woken: asyncio.Event | None = None  # set (on that loop) by wake()
+        writer.watch_events(WAKE_KINDS, self.wake)
         for rule in rules:  # the series exist at 0 from start-up, so that the first failure alerts
             metrics.policy_rule_failing.labels(rule=rule.name).set(0)
             for reason in ("timeout", "error"):
@@ -228,8 +237,8 @@ class PolicyEngine:
                         scanned = sum(row[7] or 0 for row in rows if len(row) > 7)
                         report.class_lines_scanned += scanned
                         self.metrics.policy_class_lines.inc(scanned)
-                evaluated_at = time.monotonic()
-                decided = await asyncio.to_thread(self._evaluate, params, report.rule_errors)
+                evaluated_at: dict[str, float] = {}  # rule -> when its evaluation began (time.monotonic())
+                decided = await asyncio.to_thread(self._evaluate, params, report.rule_errors, None, evaluated_at)
                 self._note_health(report.rule_errors)
                 decided_at = utcnow()  # the rules have run: whatever they read was stored before this
                 report.new_decisions, report.updated = await self.writer.execute(
@@ -285,15 +294,18 @@ class PolicyEngine:
         return rows or []
 
     def _evaluate(self, params: dict[str, Any], errors: dict[str, str] | None = None,
-                  only: set[str] | None = None) -> list[tuple[Rule, tuple]]:
+                  only: set[str] | None = None, started: dict[str, float] | None = None) -> list[tuple[Rule, tuple]]:
         """Run the rules in order, each under its own deadline (``only``: those named, see _needed);
-        a rule that fails is noted in ``errors`` and decides nothing."""
+        a rule that fails is noted in ``errors`` and decides nothing. ``started`` gets when each
+        rule's evaluation began (time.monotonic(): the age of what it read)."""
         errors = {} if errors is None else errors
+        started = {} if started is None else started
         decided = []
         with deadline_cursor(self.con, self._budget_s()) as cur:
             for rule in self.rules:
                 if rule.output == "classify" or (only is not None and rule.name not in only):
                     continue
+                started[rule.name] = time.monotonic()
 
                 def run(rule: Rule = rule) -> list[tuple]:
                     cur.execute(f'CREATE OR REPLACE TEMP TABLE "{rule.name}" AS {rule.sql}',
@@ -330,8 +342,9 @@ class PolicyEngine:
         return dict(self.failing)
 
     async def _carry_out(self, report: CycleReport, now: dt.datetime,
-                         evaluated: tuple[float, list[tuple[Rule, tuple]]] | None = None) -> None:
-        """``evaluated``: (when, what) of this run's evaluation of every rule, the first re-check."""
+                         evaluated: tuple[dict[str, float], list[tuple[Rule, tuple]]] | None = None) -> None:
+        """``evaluated``: (when each rule began, what they decided) of this run's evaluation of every
+        rule, the first re-check."""
         proposed = await asyncio.to_thread(self._proposed)
         self._check = _Recheck(self, {d["rule"] for d in proposed}, now)
         if evaluated is not None:
@@ -350,7 +363,8 @@ class PolicyEngine:
             # superseded makes no call, so the next wave fills the cap with the next ones
             wave = destroys[done:done + self.cap - calls]
             done += len(wave)
-            calls += sum(await asyncio.gather(*(self._destroy(decision, report) for decision in wave)))
+            calls += sum(await asyncio.gather(*(self._destroy(decision, current, report)
+                                                for decision, current in await self._wave(wave, report))))
         if done < len(destroys):
             report.capped = len(destroys) - done
             self.metrics.policy_capped.inc(report.capped)
@@ -375,16 +389,31 @@ class PolicyEngine:
         Lake mode carries it out in its delete window instead (ingest/lake.py, wired by ingest/core.py)."""
         await self.writer.execute(lambda con: _delete_logs(con, instance_id), kind="policy", after_commit=after_commit)
 
-    async def _destroy(self, decision: dict[str, Any], report: CycleReport) -> bool:
-        """Carry out one proposed destroy; True when the actuator was called (what the cap counts)."""
-        state = await asyncio.to_thread(self._instance_state, decision["subject"])
-        if state == "killed":
-            await self._settle(decision, "skipped", "instance already killed")
-            report.skipped.append(decision["id"])
-            return False
-        current = await self._still_selected(decision, report)
-        if current is None:
-            return False
+    async def _wave(self, wave: list[dict[str, Any]], report: CycleReport) -> list[tuple[dict[str, Any], tuple[str, Any]]]:
+        """The destroys of a wave that go ahead, each with its (reason, evidence) now: an instance
+        already killed is skipped, then one re-check (one evaluation of the rules, when the last is
+        too old) serves the whole wave."""
+        states = await asyncio.to_thread(lambda: [self._instance_state(d["subject"]) for d in wave])
+        live = []
+        for decision, state in zip(wave, states):
+            if state == "killed":
+                await self._settle(decision, "skipped", "instance already killed")
+                report.skipped.append(decision["id"])
+            else:
+                live.append(decision)
+        asked = time.monotonic()
+        currents = await asyncio.to_thread(
+            lambda: [self._recheck(d, self._check.now if self._check else utcnow(), asked) for d in live])
+        out = []
+        for decision, current in zip(live, currents):
+            current = await self._still_selected(decision, report, current)
+            if current is not None:
+                out.append((decision, current))
+        return out
+
+    async def _destroy(self, decision: dict[str, Any], current: tuple[str, Any], report: CycleReport) -> bool:
+        """Carry out one proposed destroy, still selected with ``current`` (_wave); True when the
+        actuator was called (what the cap counts)."""
         decision["reason"], decision["evidence"] = current  # carried out with what holds now
         attempted_at = utcnow()
         try:
@@ -407,11 +436,14 @@ class PolicyEngine:
         logger.warning("destroyed %s (%s): %s", decision["subject"], decision["reason"], confirmation)
         return True
 
-    async def _still_selected(self, decision: dict[str, Any], report: CycleReport) -> tuple[str, Any] | None:
+    async def _still_selected(self, decision: dict[str, Any], report: CycleReport,
+                              current: Any = _ASK) -> tuple[str, Any] | None:
         """The decision's (reason, evidence) now, if its rule still selects its subject; otherwise the
         decision is settled as superseded (never carried out on stale evidence) and this is None (also
-        when its rule could not be evaluated: then it stays proposed)."""
-        current = await asyncio.to_thread(self._recheck, decision, self._check.now if self._check else utcnow())
+        when its rule could not be evaluated: then it stays proposed). ``current``: the re-check's
+        answer when already made (_wave)."""
+        if current is _ASK:
+            current = await asyncio.to_thread(self._recheck, decision, self._check.now if self._check else utcnow())
         if self._check is not None:
             report.rule_errors.update(self._check.failed)
         if current is _UNKNOWN:
@@ -453,17 +485,19 @@ class PolicyEngine:
         if state in ("executed", "failed", "superseded"):
             self.notifier.send(state, {**decision, "state": state, "note": note})
 
-    def _recheck(self, decision: dict[str, Any], now: dt.datetime) -> Any:
+    def _recheck(self, decision: dict[str, Any], now: dt.datetime, asked: float | None = None) -> Any:
         """(In a worker thread.) The (reason, evidence) with which the decision's rule selects its
         subject for its action now, None when it no longer does, _UNKNOWN when its rule failed; from
-        the run's shared re-check (_Recheck)."""
+        the run's shared re-check (_Recheck; ``asked``: see _Recheck.current)."""
         check = self._check or _Recheck(self, {decision["rule"]}, now)
-        return check.current(decision)
+        return check.current(decision, asked)
 
-    def _selected(self, names: set[str], now: dt.datetime) -> tuple[list[tuple[Rule, tuple]], dict[str, str]]:
-        """Evaluate the rules ``names`` need on current data: what they decide, and which failed."""
+    def _selected(self, names: set[str], now: dt.datetime, started: dict[str, float] | None = None
+                  ) -> tuple[list[tuple[Rule, tuple]], dict[str, str]]:
+        """Evaluate the rules ``names`` need on current data: what they decide, and which failed
+        (``started``: see _evaluate)."""
         failed: dict[str, str] = {}
-        return self._evaluate(self.params.values(now), errors=failed, only=self._needed(names)), failed
+        return self._evaluate(self.params.values(now), errors=failed, only=self._needed(names), started=started), failed
 
     def _decisions(self, ids: list[int]) -> list[dict[str, Any]]:
         with deadline_cursor(self.con, self.timeout_s) as cur:
@@ -497,27 +531,62 @@ class PolicyEngine:
         return row[0] if row else None
 
     # -- the timer -------------------------------------------------------------------------------
+    def wake(self) -> None:
+        """Bring the timer's next cycle forward: evidence a decision waits for was stored (a
+        logs_complete or a params_done; the writer calls this right after the commit, on its own
+        thread). A no-op while run_forever is not running."""
+        loop, woken = self._loop, self._woken
+        if loop is not None and woken is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(woken.set)
+
     async def run_forever(self, interval_s: float, execute: bool, stop: asyncio.Event) -> None:
         """Run a cycle every ``interval_s`` until ``stop`` is set (a running cycle finishes first);
-        runs missed while one ran long are counted, not replayed."""
+        runs missed while one ran long are counted, not replayed. A wake-up (wake()) runs a cycle
+        as soon as the one running has finished, instead of at the next tick: wake-ups that arrive
+        while a cycle runs make one cycle after it, and a cycle woken right after another woken one
+        waits as long as that one took (woken cycles take at most half of the time), never past
+        the next tick. A cycle starts at least every ``interval_s`` whatever woke it."""
+        self._loop, self._woken = asyncio.get_running_loop(), asyncio.Event()
+        woken = self._woken
         next_at = time.monotonic()
-        while not stop.is_set():
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-                if stop.is_set():
-                    return
-            try:
-                await self.run_cycle(execute)
-            except Exception:
-                logger.exception("policy run failed; next run in %.0f s", interval_s)
-            next_at += interval_s
-            late = time.monotonic() - next_at
-            if late > 0:
-                missed = int(late // interval_s) + 1
-                self.metrics.policy_missed.inc(missed)
-                next_at += missed * interval_s
+        hold_until = 0.0  # after a woken cycle: the earliest a wake-up starts the next
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                due = min(next_at, max(now, hold_until)) if woken.is_set() else next_at
+                if due > now:
+                    waits = [asyncio.ensure_future(stop.wait())]
+                    if not woken.is_set():
+                        waits.append(asyncio.ensure_future(woken.wait()))
+                    try:
+                        await asyncio.wait(waits, timeout=due - now, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        for w in waits:
+                            w.cancel()
+                    continue
+                timed = now >= next_at
+                woken.clear()  # what is stored from here on is seen by this cycle or brings the next one
+                started = time.monotonic()
+                try:
+                    await self.run_cycle(execute)
+                except Exception:
+                    logger.exception("policy run failed; next run in %.0f s", interval_s)
+                if timed:
+                    hold_until = 0.0
+                    next_at += interval_s
+                    late = time.monotonic() - next_at
+                    if late > 0:
+                        missed = int(late // interval_s) + 1
+                        self.metrics.policy_missed.inc(missed)
+                        next_at += missed * interval_s
+                else:
+                    self.metrics.policy_woken.inc()
+                    ended = time.monotonic()
+                    hold_until = ended + (ended - started)
+                    next_at = max(next_at, started + interval_s)
+        finally:
+            self._loop = self._woken = None
 
 
 def _store_classes(con: duckdb.DuckDBPyConnection, rows: list[tuple], now: dt.datetime) -> int:
@@ -603,29 +672,38 @@ RECHECK_MAX_AGE_S = 1.0  # a decision is carried out on an evaluation of its rul
 class _Recheck:
     """Right before a decision is carried out, its rule is evaluated again on current data. One
     evaluation (of the rules the run's proposed decisions need) serves the decisions carried out
-    after it until it is RECHECK_MAX_AGE_S old: a run of destroys does not evaluate the rules once
-    per destroy, and none is carried out on evidence older than that."""
+    after it until it is RECHECK_MAX_AGE_S old (its age: since the first of those rules began), and
+    serves every decision asked about before it began (a wave of destroys, _wave): a run of destroys
+    does not evaluate the rules once per destroy, and none is carried out on evidence older than that."""
 
     def __init__(self, engine: PolicyEngine, names: set[str], now: dt.datetime) -> None:
         self.engine, self.names, self.now = engine, names, now
         self.at: float | None = None
         self.selected: dict[tuple[str, str, str], tuple[str, Any]] = {}
         self.failed: dict[str, str] = {}
+        self.lock = threading.Lock()  # one evaluation at a time, shared by whoever waited for it
 
-    def seed(self, at: float, decided: list[tuple[Rule, tuple]], failed: dict[str, str]) -> None:
-        """An evaluation made at ``at`` (time.monotonic()) that serves as the first re-check."""
-        self.at, self.failed, self.selected = at, failed, {}
+    def seed(self, at: dict[str, float], decided: list[tuple[Rule, tuple]], failed: dict[str, str]) -> None:
+        """An evaluation whose rules began at ``at`` (rule -> time.monotonic()) that serves as the
+        first re-check; its age is that of the oldest of the rules the re-check needs."""
+        needed = self.engine._needed(self.names)
+        self.at = min((t for name, t in at.items() if name in needed), default=min(at.values(), default=None))
+        self.failed, self.selected = failed, {}
         for rule, (subject, action, reason, evidence, _episode, _expires_at) in decided:
             self.selected.setdefault((rule.name, str(subject), action), (reason, orjson.loads(evidence)))
 
-    def current(self, decision: dict[str, Any]) -> Any:
+    def current(self, decision: dict[str, Any], asked: float | None = None) -> Any:
         """(In a worker thread.) The (reason, evidence) with which the decision's rule selects its subject
         for its action now, None when it no longer does, _UNKNOWN when its rule failed (a timeout is no
-        evidence either way)."""
-        if self.at is None or time.monotonic() - self.at > RECHECK_MAX_AGE_S:
-            at = time.monotonic()
-            decided, failed = self.engine._selected(self.names, self.now)
-            self.seed(at, decided, failed)
+        evidence either way). ``asked`` (time.monotonic()): an evaluation begun since then is fresh
+        enough whatever its age (the wave it serves was asked about before it)."""
+        with self.lock:
+            fresh = self.at is not None and (
+                (asked is not None and self.at >= asked) or time.monotonic() - self.at <= RECHECK_MAX_AGE_S)
+            if not fresh:
+                at: dict[str, float] = {}
+                decided, failed = self.engine._selected(self.names, self.now, at)
+                self.seed(at, decided, failed)
         if decision["rule"] in self.failed:
             return _UNKNOWN
         return self.selected.get((decision["rule"], decision["subject"], decision["action"]))

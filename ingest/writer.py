@@ -133,6 +133,13 @@ class Writer:
         self._known: set[str] = set()  # instances whose row this thread has committed
         self._due: set[str] = set()  # instances with rows committed since their last_seen was last written
         self._touched_us = 0  # when last_seen was last written for every due instance
+        self._watchers: list[tuple[frozenset[str], Callable[[], None]]] = []  # see watch_events
+
+    def watch_events(self, kinds: frozenset[str], callback: Callable[[], None]) -> None:
+        """Call ``callback()`` right after each commit that stored a new event of one of ``kinds``
+        (on the writer thread, before the pushers are acknowledged: it must be quick and thread-safe;
+        the policy engine's wake-up, which a logs_complete stored brings forward)."""
+        self._watchers.append((frozenset(kinds), callback))
 
     # -- event loop side -----------------------------------------------------------------------
     def start(self) -> None:
@@ -330,6 +337,14 @@ class Writer:
         self._metrics.commit_seconds.observe(time.perf_counter() - started)
         self._metrics.batch_rows.observe(len(staged.logs) + len(staged.events) + len(staged.metrics))
         self._publish(staged, received_us)
+        if self._watchers and staged.events:
+            stored = {event.kind for event, is_new in zip(staged.events, fresh) if is_new}
+            for kinds, callback in self._watchers:
+                if kinds & stored:
+                    try:
+                        callback()
+                    except Exception:
+                        logger.exception("a watcher of %s events failed", sorted(kinds))
         for request in batch:
             if request.after_commit is not None:
                 try:

@@ -13,7 +13,11 @@ What the run checks (``Fleet.verdict``): every line written is stored exactly on
 instance the streams of its benchmark phase, for the ones that ran to a clean stop every stream);
 destroyed == expected and no healthy instance destroyed; each failure's class; each destroy carried
 out on complete logs and after them; the deploy gate (excluded machines) as the rules promise; and
-the decision latency (logs_complete stored -> actuator ran).
+the decision latency (logs_complete stored -> actuator ran), with where it went (``breakdown``): the
+outcome known after the logs (a params_done late), evidence complete -> decided, decided -> the
+actuator call began, -> the actuator ran, and the server's own downtime (SIGKILLed until ready again)
+inside it; the policy runs' and each rule's seconds (the servers' /metrics, scraped before each kill
+and at the end: histogram bucket bounds, so "<= x s").
 """
 
 from __future__ import annotations
@@ -218,6 +222,8 @@ class Fleet:
         self.sim_dir = sim_dir
         self.agent_bin = Path(sys.executable).parent
         self.log: list[str] = []
+        self.downtime: list[tuple[float, float]] = []  # (SIGKILLed, ready again), epoch seconds
+        self.histograms: dict[tuple[str, str], dict[float, float]] = {}  # (metric, rule) -> le -> count, all lives
 
     def say(self, text: str) -> None:
         self.log.append(f"{time.strftime('%H:%M:%S')} {text}")
@@ -309,6 +315,43 @@ class Fleet:
         return bool(self.sql("SELECT 1 AS x FROM logs WHERE instance_id = $i AND line LIKE $t LIMIT 1",
                              i=instance_id, t=text))
 
+    def scrape(self) -> None:
+        """Add the live server's policy histograms (runs, rules) to those of its earlier lives."""
+        try:
+            text = self.client.request("GET", "/metrics").decode()
+        except Exception as e:  # down: what this life counted is lost, said so
+            self.say(f"metrics scrape failed: {type(e).__name__}: {e}")
+            return
+        for line in text.splitlines():
+            for metric in ("fleetlog_policy_run_seconds_bucket", "fleetlog_policy_rule_seconds_bucket"):
+                if line.startswith(metric + "{"):
+                    labels, value = line[len(metric) + 1:].rsplit("} ", 1)
+                    tags = dict(kv.split("=", 1) for kv in labels.split(","))
+                    le = float(tags["le"].strip('"').replace("+Inf", "inf"))
+                    key = (metric, tags.get("rule", '""').strip('"'))
+                    self.histograms.setdefault(key, {})
+                    self.histograms[key][le] = self.histograms[key].get(le, 0.0) + float(value)
+
+    def seconds_quantiles(self) -> dict[str, str]:
+        """Per policy run and per rule: count, p50 and p99 as the bucket bound they fall under."""
+        out = {}
+        for (metric, rule), buckets in sorted(self.histograms.items()):
+            bounds = sorted(buckets)
+            total = buckets[bounds[-1]] if bounds else 0
+            if not total:
+                continue
+
+            def bound(q: float) -> str:
+                b = next(b for b in bounds if buckets[b] >= q * total)
+                return f"<={b:g}s" if b != float("inf") else f">{bounds[-2]:g}s"
+
+            name = "cycle" if metric.startswith("fleetlog_policy_run") else rule
+            out[name] = f"{int(total)} runs, p50 {bound(0.5)}, p99 {bound(0.99)}"
+        return out
+
+    def down_within(self, start: float, end: float) -> float:
+        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self.downtime)
+
     def actuator_runs(self) -> dict[str, float]:
         path = self.sim_dir / "actuator.log"
         runs: dict[str, float] = {}
@@ -360,8 +403,8 @@ class Fleet:
                     problems.append(f"{m.instance_id} {source}: {len(want)} written, {len(got)} stored, "
                                     f"{missing} missing, {extra} more than written")
         decisions = self.sql(
-            "SELECT subject, action, state, reason, evidence, executed_at, decided_at FROM decisions "
-            "WHERE action IN ('destroy', 'exclude_host')")
+            "SELECT subject, action, state, reason, evidence, executed_at, decided_at, epoch(decided_at) AS decided, "
+            "epoch(attempted_at) AS attempted FROM decisions WHERE action IN ('destroy', 'exclude_host')")
         destroyed = {d["subject"] for d in decisions if d["action"] == "destroy" and d["state"] == "executed"}
         expected = {m.instance_id for m in self.members if m.destroy_expected}
         for i in sorted(destroyed - expected):
@@ -385,7 +428,10 @@ class Fleet:
             "AND (json_extract(body, '$.sources.benchout') IS NOT NULL OR json_extract(body, '$.sources.setup') IS NOT NULL) "
             "GROUP BY ALL")}
         ran = self.actuator_runs()
+        known = {r["instance_id"]: r["known"] for r in self.sql(
+            "SELECT instance_id, epoch(known_at) AS known FROM instance_phase WHERE instance_id LIKE 'C.41%'")}
         latencies = []
+        parts: dict[str, list[float]] = {}  # where each destroy's latency went
         for d in decisions:
             if d["action"] != "destroy" or d["state"] != "executed":
                 continue
@@ -398,6 +444,15 @@ class Fleet:
             basis = completes.get((m.instance_id, "setup" if m.fate == "params" else "bench"))
             if basis and m.instance_id in ran and m.fate != "hung":
                 latencies.append(ran[m.instance_id] - basis)
+                ready = max(basis, known.get(m.instance_id) or basis)  # logs complete and the outcome known
+                for name, value in (
+                        ("outcome_known_after_logs_s", ready - basis),
+                        ("evidence_to_decided_s", d["decided"] - ready),
+                        ("decided_to_actuator_call_s", d["attempted"] - d["decided"]),
+                        ("actuator_call_to_ran_s", ran[m.instance_id] - d["attempted"]),
+                        ("server_down_within_s", self.down_within(basis, ran[m.instance_id])),
+                        ("latency_less_server_down_s", ran[m.instance_id] - basis - self.down_within(basis, ran[m.instance_id]))):
+                    parts.setdefault(name, []).append(value)
                 if ran[m.instance_id] < basis:
                     problems.append(f"{m.instance_id} actuator ran before its logs_complete was stored")
         # the deploy gate: machines excluded as the rules promise
@@ -413,13 +468,20 @@ class Fleet:
             problems.append(f"excluded machines {sorted(excluded)}, expected {sorted(gate)}")
         latencies.sort()
         p = (lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else float("nan"))
+
+        def p50_p99(values: list[float]) -> str:
+            values = sorted(values)
+            return f"p50 {values[len(values) // 2]:.2f} p99 {values[min(len(values) - 1, int(0.99 * len(values)))]:.2f}"
+
+        breakdown = {name: p50_p99(values) for name, values in parts.items()}
+        breakdown["policy_seconds"] = self.seconds_quantiles()
         return {
             "instances": len(self.members), "lines_written": lines_written, "lost": lost, "doubled": doubled,
             "destroyed": len(destroyed), "expected_destroyed": len(expected),
             "healthy_destroyed": len(destroyed - expected), "latency_p50_s": p(0.5), "latency_p99_s": p(0.99),
             "latency_max_s": latencies[-1] if latencies else float("nan"),
             "latency_mean_s": statistics.fmean(latencies) if latencies else float("nan"),
-            "interval_s": interval_s, "problems": problems,
+            "interval_s": interval_s, "breakdown": breakdown, "problems": problems,
         }
 
 
@@ -483,6 +545,7 @@ def run(workdir: Path, n: int = 40, machines: int = 18, interval_s: float = 1.0,
                 break
             time.sleep(0.5)
         fleet.say(f"settled={settled} after {time.monotonic() - t0:.0f} s")
+        fleet.scrape()
         fleet.stop_all()
         result = fleet.verdict(interval_s)
         if not settled:
@@ -499,9 +562,12 @@ def run(workdir: Path, n: int = 40, machines: int = 18, interval_s: float = 1.0,
 
 def _fault(kind: str, server, proxy: Proxy, fleet: Fleet, cut_s: float) -> None:
     if kind == "server":
-        fleet.say("server SIGKILLed; restarted on its database")
+        fleet.scrape()
+        killed = time.time()
         server.kill()
         server.start(timeout_s=180)
+        fleet.downtime.append((killed, time.time()))
+        fleet.say(f"server SIGKILLed; restarted on its database, ready {time.time() - killed:.1f} s later")
     elif kind == "cut":
         fleet.say(f"network cut for {cut_s} s")
         proxy.cut(cut_s)

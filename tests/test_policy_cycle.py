@@ -246,3 +246,113 @@ async def test_killed_instance_is_marked_stale_once_when_last_seen_moves_without
     await push_lines(client, "C.k", "benchout", ["shutting down"], at=utcnow())
     await run_policies(client)
     assert rows(client, "SELECT count(*), min(reason) FROM decisions WHERE action = 'mark_stale'") == [(1, "killed")]
+
+
+async def policy_runs(client) -> float:
+    text = await (await client.get("/metrics")).text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("fleetlog_policy_runs_total{"))
+
+
+async def test_a_destroy_is_carried_out_within_cycles_of_logs_complete_not_timer_periods(aiohttp_client, policy_settings,
+                                                                                         tmp_path):
+    interval_s = 30.0  # the timer alone would carry the destroy out up to 30 s later
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(
+        policy_settings, policy_interval_s=interval_s, policy_execute=True, actuator_command=command)))
+    deadline = time.monotonic() + 30
+    while await policy_runs(client) < 1:  # the timer's first cycle, at start-up
+        assert time.monotonic() < deadline, "no policy cycle at start-up"
+        await asyncio.sleep(0.05)
+    done = utcnow() - dt.timedelta(seconds=5)
+    await bench_instance(client, "C.oom", 901, done=done, exit_code=1, rate=0.0)
+    await push_lines(client, "C.oom", "cuzk", ["prover thread starting", "CUDA error: out of memory"], at=done)
+    await complete_logs(client, "C.oom", done, {"cuzk": 1})
+    [(stored,)] = rows(client, "SELECT received_at FROM events WHERE instance_id = 'C.oom' AND kind = 'logs_complete'")
+    deadline = time.monotonic() + interval_s / 2
+    while not calls() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert [s for s, _ in calls()] == ["C.oom"], f"not destroyed within {interval_s / 2} s of its logs completing"
+    latency = (calls()[0][1] - stored).total_seconds()
+    print(f"logs complete -> destroy executed with a {interval_s} s timer: {latency:.2f} s")
+    assert latency < 5, latency
+    sql = "SELECT r.failure_class, d.state FROM bench_runs r JOIN decisions d ON d.subject = r.instance_id WHERE d.action = 'destroy'"
+    while rows(client, sql)[0][1] != "executed" and time.monotonic() < deadline:  # settled right after the call
+        await asyncio.sleep(0.05)
+    assert rows(client, sql) == [("oom", "executed")]
+    metrics = await (await client.get("/metrics")).text()
+    [woken] = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("fleetlog_policy_woken_runs_total ")]
+    assert woken >= 1
+
+
+async def test_lines_alone_do_not_wake_the_policy_cycle(aiohttp_client, policy_settings, tmp_path):
+    client = await aiohttp_client(create_app(replace(policy_settings, policy_interval_s=30.0)))
+    deadline = time.monotonic() + 30
+    while await policy_runs(client) < 1:
+        assert time.monotonic() < deadline, "no policy cycle at start-up"
+        await asyncio.sleep(0.05)
+    done = utcnow() - dt.timedelta(seconds=5)
+    await bench_instance(client, "C.busy", 902, done=done, exit_code=0, rate=40.0)
+    await complete_logs(client, "C.busy", done, {"benchout": -1})  # wake-ups: params_done, logs_complete
+    engine = client.app[CORE].policy
+    deadline = time.monotonic() + 10
+    while await policy_runs(client) < 2 or engine._lock.locked() or engine._woken.is_set():
+        assert time.monotonic() < deadline, "a logs_complete stored did not wake the policy cycle"
+        await asyncio.sleep(0.05)
+    runs = await policy_runs(client)  # and no cycle running or due but the timer's, 30 s from now
+    for i in range(20):  # lines stream in all the time: they wake nothing
+        await push_lines(client, "C.busy", "cuzk", [f"partition {i} done"], start=i, at=done)
+    await client.app[WRITER].flush()
+    await asyncio.sleep(1.0)  # what is measured is an absence: a woken cycle starts within milliseconds of its commit
+    assert await policy_runs(client) == runs
+
+
+async def test_a_wave_of_destroys_is_rechecked_by_one_evaluation(aiohttp_client, policy_settings, tmp_path, monkeypatch):
+    from ingest import policy
+
+    monkeypatch.setattr(policy, "RECHECK_MAX_AGE_S", 0.0)  # every re-check must evaluate the rules again
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(policy_settings, destroy_cap_per_cycle=3, actuator_command=command)))
+    done = utcnow() - dt.timedelta(seconds=30)
+    for i in range(3):
+        await bench_instance(client, f"C.w{i}", 910 + i, done=done, exit_code=0, rate=12.5)
+        await complete_logs(client, f"C.w{i}", done, {"benchout": -1})
+    engine = client.app[CORE].policy
+    evaluations = engine.metrics.policy_rule_seconds.labels(rule="destroy_below_min_rate")
+
+    def count() -> float:
+        return next(s.value for m in evaluations.collect() for s in m.samples if s.name.endswith("_count"))
+
+    before = count()
+    report = await run_policies(client, execute=True)
+    assert sorted(s for s, _ in calls()) == ["C.w0", "C.w1", "C.w2"] and len(report.executed) == 3
+    assert count() - before == 2, "the cycle's evaluation, then one re-check for the wave of three"
+
+
+async def test_a_destroy_whose_logs_complete_while_its_run_is_classed_waits_for_the_class(aiohttp_client, policy_settings,
+                                                                                          tmp_path):
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(policy_settings, actuator_command=command)))
+    done = utcnow() - dt.timedelta(seconds=30)
+    await bench_instance(client, "C.race", 903, done=done, exit_code=1, rate=0.0)
+    engine = client.app[CORE].policy
+    classify, loop = engine._classify, asyncio.get_running_loop()
+
+    async def arrive() -> None:
+        await push_lines(client, "C.race", "cuzk", ["prover thread starting", "CUDA error: out of memory"], at=done)
+        await complete_logs(client, "C.race", done, {"cuzk": 1})
+
+    def classify_then_the_lines_arrive(*args):
+        # the class rule has read the run (no lines yet: unknown); its lines and logs_complete are stored
+        # before the destroy rule runs, which then sees complete logs
+        rows = classify(*args)
+        engine._classify = classify
+        asyncio.run_coroutine_threadsafe(arrive(), loop).result(timeout=30)
+        return rows
+
+    engine._classify = classify_then_the_lines_arrive
+    first = await run_policies(client, execute=True)
+    assert calls() == [] and first.executed == [], "destroyed on a class read before its lines arrived"
+    second = await run_policies(client, execute=True)
+    assert [s for s, _ in calls()] == ["C.race"] and len(second.executed) == 1
+    [(reason, cls)] = rows(client, "SELECT reason, evidence->>'failure_class' FROM decisions WHERE action = 'destroy'")
+    assert cls == "oom" and "oom" in reason, reason

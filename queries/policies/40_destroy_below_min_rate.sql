@@ -4,7 +4,10 @@
 --   (evidence_complete: the benchmark run's own streams, not the daemons' a slow instance runs on), or
 --   $destroy_grace_s have passed since the server knew the outcome (known_at: the server's clock).
 --   Killed (ever) and unvouched instances (unvouched_instances) are left alone. Re-checked right
---   before it is carried out.
+--   before it is carried out. A failed run whose class is not final waits until its class was made on
+--   every line of the evidence waited for (bench_runs.class_scanned_to, the newest received_at the class
+--   rule read, not older than the newest of those lines): the class rule runs first in a cycle, so a run
+--   whose last lines and logs_complete were stored between the two would be destroyed as "unknown".
 -- params: $destroy_grace_s (seconds), $now (timestamp)
 -- output: decisions (subject = instance_id, action = destroy)
 WITH doomed AS MATERIALIZED (
@@ -14,6 +17,12 @@ WITH doomed AS MATERIALIZED (
       AND NOT (outcome = 'failed' AND failure_class IS NULL)
       AND instance_id NOT IN (SELECT instance_id FROM unvouched_instances)
       AND (evidence_complete OR known_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP)
+      AND NOT (outcome = 'failed' AND EXISTS (
+          -- stored commits are stamped in commit order: a line the class rule did not read is newer
+          SELECT 1 FROM bench_runs r JOIN logs l ON l.instance_id = r.instance_id
+               AND (r.run_id IS NULL OR l.run_id = r.run_id)
+          WHERE r.instance_id = instance_phase.instance_id AND r.done_at = instance_phase.bench_done_at
+            AND NOT coalesce(r.class_final, false) AND l.received_at > coalesce(r.class_scanned_to, r.done_at)))
 ),
 streams AS (
     SELECT s.instance_id,
