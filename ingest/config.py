@@ -132,6 +132,14 @@ class Settings:
         "within bad_host_ttl_s before it is excluded", minimum=1
     )
     notify_webhook_url: str = _setting("", "URL a decision is POSTed to as JSON when proposed, superseded, executed or failed")
+    degrade_recent_runs: int = _setting(
+        3, "a machine's recent rate is the mean of its last this many measured benchmark runs (exit 0, a rate), beside its best",
+        minimum=1)
+    degrade_fraction: float = _setting(
+        0.8, "a machine whose recent rate is below this fraction of its best rate is degraded (0: never)", minimum=0)
+    degrade_action: str = _setting(
+        "flag", "what a degraded machine gets: flag (shown, still eligible), exclude (not eligible while degraded), "
+        "rebenchmark (a re-benchmark proposed, sent to notify_webhook_url)")
     lake: str = _setting("", "lake mode: 'postgres:<libpq string>' of the DuckLake catalog and keyed tables (empty: the single file db)")
     lake_data: str = _setting("./var/lake", "lake mode: directory holding the lake's Parquet files, shared by every node")
     node_id: str = _setting("", "lake mode: this node's name, unique among the nodes of a lake (empty: host:port)")
@@ -190,6 +198,10 @@ class Settings:
             )
         if self.actuator_webhook_url and self.actuator_command:
             raise ConfigError("actuator_webhook_url, actuator_command: set one actuator, not both")
+        if self.degrade_fraction > 1:
+            raise ConfigError(f"degrade_fraction: must be <= 1 (a fraction of the best rate), got {self.degrade_fraction!r}")
+        if self.degrade_action not in ("flag", "exclude", "rebenchmark"):
+            raise ConfigError(f"degrade_action: expected flag, exclude or rebenchmark, got {self.degrade_action!r}")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         split = self.memory_split()

@@ -71,8 +71,9 @@ from ingest.writer import Writer
 logger = logging.getLogger(__name__)
 
 OUTPUTS = {"classify", "table", "decisions"}
-INTERNAL_ACTIONS = {"exclude_host", "mark_stale"}  # recorded as executed: nothing leaves fleetlog
-PARAM_NAMES = {"min_rate", "destroy_grace_s", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "exclude_repeats", "now"}
+INTERNAL_ACTIONS = {"exclude_host", "mark_stale", "flag_degraded"}  # recorded as executed: nothing leaves fleetlog
+PARAM_NAMES = {"min_rate", "destroy_grace_s", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "exclude_repeats",
+               "degrade_action", "now"}
 _HEADER = re.compile(r"^--\s*([a-z_]+):\s*(.*)$")
 _PARAM = re.compile(r"\$([a-z_]+)")
 
@@ -126,22 +127,28 @@ class PolicyParams:
     retention_s: float
     exclude_repeats: int = 2
     bench_timeout_s: float = 3600.0
+    degrade_recent_runs: int = 3  # host_degradation (migration 016) reads these from policy_settings
+    degrade_fraction: float = 0.8
+    degrade_action: str = "flag"
 
     def values(self, now: dt.datetime) -> dict[str, Any]:
         return {
             "min_rate": self.min_rate, "destroy_grace_s": self.destroy_grace_s, "bad_host_ttl_s": self.bad_host_ttl_s,
             "stale_ttl_s": self.stale_ttl_s, "retention_s": self.retention_s, "exclude_repeats": self.exclude_repeats,
-            "now": now,
+            "degrade_action": self.degrade_action, "now": now,
         }
 
 
 def store_settings(con: duckdb.DuckDBPyConnection, params: PolicyParams) -> None:
-    """Write the values the views of migration 005 compare against (``policy_settings``); called on
-    the write connection at start-up, before the writer thread owns it."""
+    """Write the values the views of migrations 005 and 016 compare against (``policy_settings``);
+    called on the write connection at start-up, before the writer thread owns it."""
     con.execute(
         """INSERT OR REPLACE INTO policy_settings (name, value, set_at)
-           SELECT * FROM (VALUES ('min_rate', ?::DOUBLE, ?::TIMESTAMP), ('bench_timeout_s', ?::DOUBLE, ?::TIMESTAMP))""",
-        [params.min_rate, utcnow(), params.bench_timeout_s, utcnow()],
+           SELECT * FROM (VALUES ('min_rate', ?::DOUBLE, ?::TIMESTAMP), ('bench_timeout_s', ?::DOUBLE, ?::TIMESTAMP),
+                                 ('degrade_recent_runs', ?::DOUBLE, ?::TIMESTAMP), ('degrade_fraction', ?::DOUBLE, ?::TIMESTAMP),
+                                 ('degrade_exclude', ?::DOUBLE, ?::TIMESTAMP))""",
+        [params.min_rate, utcnow(), params.bench_timeout_s, utcnow(), params.degrade_recent_runs, utcnow(),
+         params.degrade_fraction, utcnow(), float(params.degrade_action == "exclude"), utcnow()],
     )
 
 

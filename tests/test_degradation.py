@@ -142,6 +142,12 @@ async def test_switching_the_action_decides_again(aiohttp_client, policy_setting
     await run_policies(client)
     assert sorted(rows(client, "SELECT action FROM decisions WHERE rule = 'degraded_hosts'")) == [("exclude_host",), ("flag_degraded",)]
     assert (await get(client, "/api/v1/hosts/782"))["eligible"] is False
+    # and back to flag: the exclusion recorded under exclude no longer closes the gate
+    await client.close()
+    client = await aiohttp_client(create_app(policy_settings))
+    await run_policies(client)
+    host = await get(client, "/api/v1/hosts/782")
+    assert (host["degraded"], host["bad"], host["eligible"]) == (True, False, True)
 
 
 def test_degrade_settings_are_checked_at_start_up():
