@@ -60,14 +60,16 @@ async def test_machine_that_fell_from_40_to_20_is_degraded_beside_its_best(aioht
 async def test_a_steady_machine_and_a_single_run_are_not_degraded(aiohttp_client, policy_settings):
     client = await aiohttp_client(create_app(policy_settings))
     await demo_fleet(client, utcnow() - dt.timedelta(minutes=30))  # machine 777: 40 then 31 proofs/hour
-    await run_policies(client)
+    await run_policies(client)  # (machine 782, the demo fleet's degraded one: 60 then 30)
     hosts = {h["machine_id"]: h for h in (await get(client, "/api/v1/hosts"))["hosts"]}
     assert (hosts[777]["best_rate"], hosts[777]["recent_rate"], hosts[777]["degraded"]) == (40.0, 35.5, False)
     assert hosts[777]["degradation"] is None
     assert (hosts[778]["recent_rate"], hosts[778]["degraded"]) == (12.5, False)  # one run: its own best
     # a failed run has no rate: not a recent rate, not a degradation (the bad_hosts rule judges it)
     assert hosts[55891]["recent_rate"] is None and hosts[55891]["degraded"] is False
-    assert rows(client, "SELECT count(*) FROM decisions WHERE rule = 'degraded_hosts'") == [(0,)]
+    assert rows(client, "SELECT subject FROM decisions WHERE rule = 'degraded_hosts'") == [("782",)]
+    assert (hosts[782]["best_rate"], hosts[782]["recent_rate"], hosts[782]["degraded"], hosts[782]["eligible"]) == (
+        60.0, 45.0, True, True)
 
 
 async def test_recent_runs_setting_narrows_the_window_to_the_latest_run(aiohttp_client, policy_settings):

@@ -22,11 +22,14 @@ def test_demo_pushes_a_fleet_with_every_kind_of_outcome(server_process):
     proc = subprocess.run([sys.executable, "-m", "ingest.cli", "demo", "--server", server.url],
                           capture_output=True, text=True, timeout=180, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "policies: 6 new decisions, 3 failures classified" in proc.stdout  # network: blamed on repeat only
+    # destroys (4 + C.91000008 below min_rate), exclusions (oom, gpu_lost; network: blamed on repeat only),
+    # machine 41007 flagged degraded
+    assert "policies: 8 new decisions, 3 failures classified" in proc.stdout
     runs = query(server, "SELECT instance_id, exit_code, rate_per_hour, failure_class FROM bench_runs ORDER BY 1")
     assert runs == [
         ["C.91000001", 0, 44.1, None], ["C.91000002", 0, 31.5, None], ["C.91000003", 0, 12.4, None],
         ["C.91000004", 1, None, "oom"], ["C.91000005", 2, None, "gpu_lost"], ["C.91000006", 1, None, "network"],
+        ["C.91000007", 0, 40.2, None], ["C.91000008", 0, 20.1, None],
     ]
     states = dict(query(server, "SELECT instance_id, state FROM instance_state"))
     assert states["C.91000001"] == "running" and states["C.91000004"] == "bench_done"
@@ -36,9 +39,12 @@ def test_demo_pushes_a_fleet_with_every_kind_of_outcome(server_process):
     sources = query(server, "SELECT DISTINCT source FROM logs ORDER BY 1")
     assert sources == [["benchdaemon"], ["benchout"], ["setup"]]
     gpu = query(server, "SELECT count(DISTINCT instance_id) FROM metrics WHERE name = 'DCGM_FI_DEV_GPU_UTIL'")
-    assert gpu == [[6]]
+    assert gpu == [[8]]
     destroys = query(server, "SELECT subject FROM decisions WHERE action = 'destroy' ORDER BY 1")
-    assert destroys == [["C.91000003"], ["C.91000004"], ["C.91000005"], ["C.91000006"]]
+    assert destroys == [["C.91000003"], ["C.91000004"], ["C.91000005"], ["C.91000006"], ["C.91000008"]]
+    # machine 41007, rented twice (40.2 then 20.1 proofs/hour): best kept, recent beside it, degraded
+    degraded = query(server, "SELECT machine_id, best_rate, round(recent_rate, 2), degraded FROM host_degradation WHERE degraded")
+    assert degraded == [[41007, 40.2, 30.15, True]]
 
 
 def test_demo_without_a_server_says_how_to_start_one():
