@@ -25,7 +25,8 @@ that times out or fails is counted (``fleetlog_policy_rule_errors_total{rule,rea
 failing (``fleetlog_policy_rule_failing{rule}``, ``/readyz``'s ``policy.failing_rules``) until it
 succeeds again, and the other rules still run (a later rule that reads its table fails with it).
 
-Verdicts that only fleetlog acts on (``exclude_host``, ``mark_stale``) are recorded as executed.
+Verdicts that only fleetlog acts on (``exclude_host``, ``mark_stale``, ``flag_degraded``) are recorded as
+executed; a ``rebenchmark`` stays ``proposed`` (for the orchestrator: nothing here carries it out).
 ``destroy`` and ``delete_logs`` stay ``proposed`` until a run with ``execute``: then at most
 ``destroy_cap_per_cycle`` actuator calls are made, for the destroys waiting longest first (since their
 decision, or since their last failed attempt: a failing one goes to the back of the queue, so it

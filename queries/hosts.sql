@@ -3,13 +3,13 @@
 --   reason says why a machine is not eligible (its exclusion, or its best rate under $min_rate).
 --   Bad: the newest of (the operator's verdict, the rule's latest unexpired exclusion) decides; an
 --   operator's verdict wins over exclusions for failures that happened before it.
---   Beside the best rate, the recent one (host_degradation, migration 016: the mean of the last
---   degrade_recent_runs measured runs), whether the machine is degraded (recent < degrade_fraction x
---   best) and why (degradation); with degrade_action exclude, a degraded machine is bad (the
---   degraded_hosts rule's exclusion, while the degradation stands).
+--   Beside the best rate, the recent one, degraded and why (host_degradation, migration 016).
 -- params: $min_rate (proofs/hour), $now (timestamp)
 -- needs: host_performance
 --   (queries/policies/20_host_performance.sql, put in front as a CTE by the server and `fleetlog query`)
+-- recent_rate: the mean of the last degrade_recent_runs measured runs; degraded: recent <
+--   degrade_fraction x best, degradation says why; with degrade_action exclude a degraded machine is
+--   bad (the degraded_hosts rule's exclusion, while the degradation stands).
 WITH machines AS (
     SELECT DISTINCT machine_id FROM instances WHERE machine_id IS NOT NULL
     UNION SELECT machine_id FROM host_verdicts

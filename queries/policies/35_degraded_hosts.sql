@@ -1,14 +1,15 @@
 -- rule: degraded_hosts
--- decides: what a degraded machine gets (host_degradation, migration 016: its recent rate, the mean of
---   its last degrade_recent_runs measured runs, fell below degrade_fraction x its best), by
---   $degrade_action: flag (flag_degraded, recorded: the gate shows it, the machine stays eligible),
---   exclude (exclude_host: not eligible while the degradation stands, at most $bad_host_ttl_s after its
---   latest run; an operator's verdict newer than that run wins, see queries/hosts.sql), rebenchmark (a
---   proposed rebenchmark for the orchestrator, sent to the notifier; nothing in fleetlog carries it out).
---   One decision per machine, action and latest run: a later run that leaves it degraded decides again,
---   and so does another degrade_action.
+-- decides: what a degraded machine gets (host_degradation, migration 016: its recent rate fell below
+--   degrade_fraction x its best), by $degrade_action: flag, exclude or rebenchmark (see below).
 -- params: $degrade_action (flag | exclude | rebenchmark), $bad_host_ttl_s (seconds)
 -- output: decisions (subject = machine_id, action = flag_degraded | exclude_host | rebenchmark)
+--
+-- flag: flag_degraded, recorded (the gate shows it; the machine stays eligible). exclude: exclude_host,
+-- not eligible while the degradation stands (queries/hosts.sql), at most $bad_host_ttl_s after its
+-- latest run; an operator's verdict newer than that run wins. rebenchmark: a proposed rebenchmark for
+-- the orchestrator, sent to the notifier; nothing in fleetlog carries it out. One decision per
+-- machine, action and latest run: a later run that leaves it degraded decides again, and so does
+-- another degrade_action. The recent rate is the mean of its last degrade_recent_runs measured runs.
 SELECT g.machine_id::VARCHAR AS subject,
        CASE $degrade_action::VARCHAR WHEN 'exclude' THEN 'exclude_host' WHEN 'rebenchmark' THEN 'rebenchmark'
             ELSE 'flag_degraded' END AS action,
