@@ -338,7 +338,36 @@ def fleet_overview() -> dict:
          table("Decisions in the last day", "recent_decisions", w=12, description="queries/recent_decisions.sql")],
         [table("Time in each lifecycle phase (seconds)", "lifecycle_phases", instance_links=True,
                description="queries/lifecycle_phases.sql")],
+        *money_rows(),
     ])
+
+
+def money_rows() -> list[list[dict]]:
+    """The money views of migration 015 (instance_costs, failure_class_costs, unproven_burn): what
+    burns now on instances with no proof yet (from /metrics, over time), where the money was lost."""
+    return [
+        [stat("$/hour burning with no proof yet", "fleetlog_fleet_unproven_burn_dollars_per_hour", unit="currencyUSD",
+              thresholds=[(None, "green"), (0.01, "orange")],
+              description="The rental price of every living instance that has proved nothing yet (unproven_burn)."),
+         stat("Instances with no proof yet", "fleetlog_fleet_unproven_instances",
+              description="Living instances no benchmark run of which measured a rate or completed a proof."),
+         timeseries("$/hour burning with no proof yet", [
+             prom("fleetlog_fleet_unproven_burn_dollars_per_hour", "$/hour"),
+             prom("fleetlog_fleet_unproven_instances", "instances")], w=16, unit="currencyUSD",
+             overrides=[{"matcher": {"id": "byName", "options": "instances"},
+                         "properties": [{"id": "unit", "value": "short"}, {"id": "custom.axisPlacement", "value": "right"}]}])],
+        [table("Money lost per failure class, GPU model and machine", "money_failure_classes", w=12,
+               units={"cost_usd": "currencyUSD"},
+               description="dashboards/sql/money_failure_classes.sql (failure_class_costs): each failure costs what its "
+                           "instance cost up to it."),
+         table("Burning now: living instances with no proof yet", "money_unproven_burn", w=12, instance_links=True,
+               units={"usd_per_hour": "currencyUSD", "cost_usd": "currencyUSD"},
+               description="dashboards/sql/money_unproven_burn.sql (unproven_burn)")],
+        [table("What each instance cost", "money_instance_costs", h=10, instance_links=True,
+               units={"dph": "currencyUSD", "cost_usd": "currencyUSD"},
+               description="dashboards/sql/money_instance_costs.sql (instance_costs): dph x hours from registered to "
+                           "killed, or to now.")],
+    ]
 
 
 def instance_drilldown() -> dict:

@@ -3,7 +3,9 @@
     fleetlog serve [settings...]                        run the server
     fleetlog logs INSTANCE [--source S] [--tail N] [--follow] [--grep RE]
     fleetlog instances [--state S] [--failed]           the fleet, one row per instance
-    fleetlog why INSTANCE                               why it failed: exit, class, deciding line, logs, decisions
+    fleetlog why INSTANCE [--diff]                      why it failed: exit, class, deciding line, logs, decisions
+                                                        (--diff: where it parts from a healthy run of its GPU model)
+    fleetlog patterns [PATTERN_ID]                      failures by deciding line's template: who shares each
     fleetlog hosts                                      the deploy gate, one row per machine
     fleetlog search TEXT [--since 24h] [--regex]        log lines across the fleet, newest first
     fleetlog query SQL | --file NAME [-x]               ask the stored data (read-only SQL; -x one field a line)
@@ -72,6 +74,13 @@ def _parser() -> argparse.ArgumentParser:
     why = _client_command(commands, "why", "why an instance failed: exit, class, deciding line, excerpt, logs, decisions")
     why.add_argument("instance", help="the instance id")
     why.add_argument("--format", choices=FORMATS, default="table")
+    why.add_argument("--diff", action="store_true", help="then where its run parts from the latest healthy run of the "
+                     "same GPU model: per source, the first lines whose templates differ")
+
+    patterns = _client_command(commands, "patterns", "failures grouped by the template of their deciding line, and "
+                               "which machines, GPU models, drivers and images share each")
+    patterns.add_argument("pattern", nargs="?", help="a pattern id: list the failures that share it")
+    patterns.add_argument("--format", choices=FORMATS, default="table")
 
     hosts = _client_command(commands, "hosts", "the deploy gate: per machine, best rate, runs, bad or not, eligible")
     hosts.add_argument("--format", choices=FORMATS, default="table")
@@ -119,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = _client_command(
         commands, "demo", "push a simulated fleet (healthy, slow, OOM, GPU lost, network failure) into a running server",
-        "Runs the real fleetlog-agent for six simulated instances against the server, then the policies "
+        "Runs the real fleetlog-agent for nine simulated instances against the server, then the policies "
         "(with the admin token when the server has tokens on).",
     )
     demo.add_argument("--keep", action="store_true", help="keep the generated scripts and agent logs")
@@ -414,6 +423,7 @@ def _query_via_server(client: Client, sql: str, params: dict, fmt: str, expanded
 
 ONCALL = {"logs": oncall.logs, "instances": oncall.instances, "why": oncall.why, "hosts": oncall.hosts,
           "search": oncall.search}
+ONCALL["patterns"] = oncall.patterns  # failure patterns (migration 017)
 
 
 def main(argv: list[str] | None = None) -> int:

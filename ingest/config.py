@@ -132,6 +132,12 @@ class Settings:
         "within bad_host_ttl_s before it is excluded", minimum=1
     )
     notify_webhook_url: str = _setting("", "URL a decision is POSTed to as JSON when proposed, superseded, executed or failed")
+    spike_failures: int = _setting(
+        5, "failures of one class on one GPU model within spike_window_s that make a spike, notified once per episode "
+        "with a link to the page (0: off)", minimum=0)
+    spike_window_s: float = _setting(600.0, "the window of spike_failures", minimum=1)
+    public_url: str = _setting("", "base URL the page is reached at, for links in notifications and alert annotations "
+                                   "(fleetlog_page_info); empty: http://host:port")
     degrade_recent_runs: int = _setting(
         3, "a machine's recent rate is the mean of its last this many measured benchmark runs (exit 0, a rate), beside its best",
         minimum=1)
@@ -172,6 +178,11 @@ class Settings:
         return Path(self.queries_dir) if self.queries_dir else DEFAULT_QUERIES_DIR
 
     @property
+    def page_url(self) -> str:
+        """The page's base URL for links: public_url, else this server's own address."""
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    @property
     def tail_cache_bytes(self) -> int:
         return self.tail_cache_max_bytes or self.memory_budget_mb * 2**20 // 8
 
@@ -196,6 +207,8 @@ class Settings:
                 f"host: {self.host} is not loopback and no token is configured; set enroll_token, read_token and "
                 "admin_token (FLEETLOG_*_TOKEN), or allow_open_bind to expose an open server"
             )
+        if self.public_url and not self.public_url.startswith(("http://", "https://")):
+            raise ConfigError(f"public_url: expected an http:// or https:// URL, got {self.public_url!r}")
         if self.actuator_webhook_url and self.actuator_command:
             raise ConfigError("actuator_webhook_url, actuator_command: set one actuator, not both")
         if self.degrade_fraction > 1:

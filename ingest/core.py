@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 
 import duckdb
+from prometheus_client import Info
 
 import functools
 from typing import TYPE_CHECKING, Any
@@ -136,6 +137,9 @@ class Core:
                 retention_s=settings.retention_s,
                 exclude_repeats=settings.exclude_repeat_failures,
                 bench_timeout_s=settings.bench_timeout_s,
+                spike_failures=settings.spike_failures,
+                spike_window_s=settings.spike_window_s,
+                public_url=settings.page_url,
                 degrade_recent_runs=settings.degrade_recent_runs,
                 degrade_fraction=settings.degrade_fraction,
                 degrade_action=settings.degrade_action,
@@ -167,6 +171,8 @@ class Core:
         )
         metrics.registry.register(GpuCollector(reader, settings.gpu_gauge_window_s, settings.query_timeout_s,
                                                settings.gpu_gauge_max_series, settings.gpu_gauge_max_series_per_instance))
+        # where the page is, for alert annotations (dashboards/alerts.yml reads it with a template query)
+        Info("fleetlog_page", "The page's base URL (public_url)", registry=metrics.registry).info({"url": settings.page_url})
         core = cls(con, reader, index, tail, writer, policy, hosts_sql, settings, slots)
         writer._reopen = core.reopen
         writer.start()

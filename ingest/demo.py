@@ -1,12 +1,12 @@
 """``fleetlog demo``: a simulated fleet pushed into a running server through the real agent.
 
-Eight instances, each driven the way ``docker/entrypoint.sh`` drives a real one: ``fleetlog-agent
+Eleven instances, each driven the way ``docker/entrypoint.sh`` drives a real one: ``fleetlog-agent
 event registered``, ``wrap`` of a parameter fetch (source setup, then params_done), ``run`` of a
 benchmark with its daemon log tailed as benchdaemon, then ``event running`` for the healthy ones.
 The parameter fetch and the benchmark are small generated shell scripts that print what the real
 ones print, faster. GPU samples (DCGM names) for each benchmark's window are pushed through the
 metrics API, shaped by what went wrong. Then the policies run once, so decisions, bad hosts and
-failure classes are there to look at. Machine 41007 is rented twice, one rental after the other:
+failure classes are there to look at. Machine 41010 is rented twice, one rental after the other:
 40.2 proofs/hour, then 20.1 (a degraded machine: best 40.2, recent 30.2; `fleetlog hosts` says so).
 """
 
@@ -34,6 +34,8 @@ class Profile:
     location: str
     outcome: str  # healthy, slow, oom, gpu_lost, network, degraded (healthy, at half the rate it had)
     rate: float = 0.0
+    oom_gib: float = 3.2  # what the OOM failed to allocate (the same failure line, another size: one pattern)
+    driver: str = "575.57.08"
 
 
 FLEET = [
@@ -43,8 +45,13 @@ FLEET = [
     Profile("C.91000004", 55891, "RTX PRO 4000", 0.35, "Norway", "oom"),
     Profile("C.91000005", 41005, "RTX 4090", 0.40, "Quebec, CA", "gpu_lost"),
     Profile("C.91000006", 41006, "RTX 3090", 0.19, "Poland", "network"),
-    Profile("C.91000007", 41007, "RTX 4090", 0.38, "Sweden", "healthy", 40.2),  # the same machine, rented again:
-    Profile("C.91000008", 41007, "RTX 4090", 0.38, "Sweden", "degraded", 20.1),  # half as fast (degraded)
+    # the OOM's pattern on two more machines (other sizes, GPU models, a driver), and a healthy run of
+    # its GPU model to compare it with (`fleetlog patterns`, `fleetlog why C.91000004 --diff`)
+    Profile("C.91000007", 55892, "RTX PRO 4000", 0.36, "Norway", "healthy", 33.0),
+    Profile("C.91000008", 41008, "RTX A4000", 0.17, "Texas, US", "oom", oom_gib=1.6, driver="570.124.06"),
+    Profile("C.91000009", 41009, "RTX 4090", 0.41, "Germany", "oom", oom_gib=12.8),
+    Profile("C.91000010", 41010, "RTX 4090", 0.38, "Sweden", "healthy", 40.2),  # the same machine, rented again:
+    Profile("C.91000011", 41010, "RTX 4090", 0.38, "Sweden", "degraded", 20.1),  # half as fast (degraded)
 ]
 
 PARAMS = """#!/bin/sh
@@ -77,7 +84,7 @@ done
 echo "Benchmark result: {rate} proofs/hour"
 """,
     "oom": """echo "INFO cuzk_daemon::pce: allocating 21.4 GiB on device 0" >> "$log"
-echo "ERROR cuzk_daemon::pce: CUDA error: out of memory (cudaErrorMemoryAllocation) allocating 3.2 GiB for NTT" >> "$log"
+echo "ERROR cuzk_daemon::pce: CUDA error: out of memory (cudaErrorMemoryAllocation) allocating {oom_gib} GiB for NTT" >> "$log"
 echo "ERROR cuzk_daemon: prover thread panicked; shutting down" >> "$log"
 echo "waiting for warm-up proof..."
 echo "cuzk-bench: rpc error: daemon closed the connection" >&2
@@ -161,7 +168,7 @@ def run_instance(profile: Profile, client: Client, workdir: Path) -> str:
     bench = _write_script(
         home / "benchmark.sh",
         BENCH_HEAD.format(daemon_log=daemon_log, gpu_model=profile.gpu_model)
-        + BENCH_BODY[profile.outcome].format(proof_s=proof_s, rate=profile.rate),
+        + BENCH_BODY[profile.outcome].format(proof_s=proof_s, rate=profile.rate, oom_gib=profile.oom_gib),
     )
     env = {
         **os.environ,
@@ -175,7 +182,8 @@ def run_instance(profile: Profile, client: Client, workdir: Path) -> str:
         env["FLEETLOG_TOKEN"] = client.token
     log = home / "agent.log"
     identity = [f"machine_id={profile.machine_id}", f"host_id={profile.machine_id * 10 + 7}",
-                f"gpu_model={profile.gpu_model}", "gpu_count=1", f"dph={profile.dph}", f"location={profile.location}"]
+                f"gpu_model={profile.gpu_model}", "gpu_count=1", f"dph={profile.dph}", f"location={profile.location}",
+                f"driver={profile.driver}", 'labels={"image_version": "demo-1.0"}']
     _agent(["event", "registered", *identity], env, log)
     if _agent(["wrap", "--done-event", "params_done", "--", str(params)], env, log) != 0:
         return f"{profile.instance_id}: parameter fetch failed (see {log})"
@@ -215,5 +223,5 @@ def run(client: Client, keep: bool = False) -> int:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
     print(f"demo fleet pushed in {time.monotonic() - started:.0f} s: open {server}/ (fleet), "
-          f"{server}/#/instance/C.91000004 (the OOM), {server}/#/machines (41007: degraded)")
+          f"{server}/#/instance/C.91000004 (the OOM), {server}/#/machines (41010: degraded)")
     return 0

@@ -35,6 +35,10 @@ INSTANCES = """SELECT phase, CASE WHEN phase <> 'killed' THEN failed_phase END, 
                FROM instance_phase GROUP BY ALL"""
 FAILED_BY_CLASS = "SELECT coalesce(failure_class, 'unclassified'), count(*) FROM bench_outcomes WHERE failed GROUP BY 1"
 DECISIONS = "SELECT action, state, count(*) FROM decisions GROUP BY 1, 2"
+# failure spikes up now (failure_spikes, migration 018), and the money burning on instances with no
+# proof yet (unproven_burn, migration 015): Prometheus's FleetlogFailureSpike and the Grafana money row
+SPIKES = "SELECT failure_class, gpu_model, failures FROM failure_spikes WHERE firing ORDER BY 1, 2"
+BURN = "SELECT count(*), coalesce(sum(usd_per_hour), 0) FROM unproven_burn"
 
 
 class FleetCollector(Collector):
@@ -56,6 +60,8 @@ class FleetCollector(Collector):
             instances = cur.execute(INSTANCES).fetchall()
             failed = cur.execute(FAILED_BY_CLASS).fetchall()
             decisions = cur.execute(DECISIONS).fetchall()
+            spikes = cur.execute(SPIKES).fetchall()
+            burning, burn_per_hour = cur.execute(BURN).fetchone()
         hosts = reads.hosts(self.reader, self.timeout_s, self.hosts_sql, self.min_rate, utcnow())
 
         by_state: dict[str, int] = {}
@@ -95,6 +101,17 @@ class FleetCollector(Collector):
         for action, state, n in decisions:
             g.add_metric([action, state], n)
         yield g
+        g = GaugeMetricFamily("fleetlog_fleet_failure_spikes",
+                              "Failures in each spike up now: spike_failures or more of one class on one GPU model within "
+                              "spike_window_s (failure_spikes)", labels=["failure_class", "gpu_model"])
+        for failure_class, gpu_model, n in spikes:
+            g.add_metric([failure_class, gpu_model], n)
+        yield g
+        yield GaugeMetricFamily("fleetlog_fleet_unproven_instances", "Living instances with no proof yet (unproven_burn)",
+                                value=burning)
+        yield GaugeMetricFamily("fleetlog_fleet_unproven_burn_dollars_per_hour",
+                                "Dollars per hour rented by living instances with no proof yet (unproven_burn)",
+                                value=burn_per_hour)
         yield from _storage(self.db_dir)
 
 

@@ -88,9 +88,9 @@ SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id
 # The migrations (ingest/migrations/) whose tables PG_DDL and LAKE_DDL hold; their views are created
 # from the files themselves. A new migration must be folded in here too (open_lake refuses to start
 # otherwise, so the two modes cannot drift apart silently).
-# 10, 15 and 16 only (re)define views; 14 (log_blocks, the search's token filter) has no lake table: the
+# 10, 15, 16, 17 and 18 only (re)define views (17 a macro too); 14 (log_blocks, the search's token filter) has no lake table: the
 # lake keeps no blocks and its searches scan the window (docs/scale-out.md).
-LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16})
+LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18})
 
 # Native PostgreSQL DDL of the keyed tables (migrations 001-005 folded, JSON kept as text: DuckDB sees both as VARCHAR and casts one way only; bench_runs carries its own
 # ``rowid`` column, which DuckDB's postgres scanner does not provide, so the writer's run matching
@@ -140,13 +140,13 @@ ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS run_id text;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS started_received_at timestamp;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS done_received_at timestamp;
 INSERT INTO schema_migrations (version, name)
-    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money')
+    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (17, 'patterns'), (18, 'spikes')
     ON CONFLICT DO NOTHING;
 """
 
 
 def _migration_views() -> list[str]:
-    """Every CREATE VIEW of the migrations, in order, as CREATE OR REPLACE VIEW memory.main.<name>
+    """Every CREATE VIEW (and MACRO) of the migrations, in order, as CREATE OR REPLACE VIEW memory.main.<name>
     (re-created at every start; they read the per-table views, so the same SQL serves both modes)."""
     out = []
     for version, name, sql in store.migrations():
@@ -154,9 +154,9 @@ def _migration_views() -> list[str]:
             raise StoreError(f"lake: migration {version:03d}_{name} has no lake counterpart in ingest/lake.py")
         for statement in duckdb.extract_statements(sql):
             text = re.sub(r"^(\s*--[^\n]*\n|\s+)*", "", statement.query)  # the comments before it
-            match = re.match(r"CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\w+)\s+AS\b", text, re.IGNORECASE)
-            if match:
-                out.append(f"CREATE OR REPLACE VIEW memory.main.{match.group(1)} AS" + text[match.end():])
+            match = re.match(r"CREATE\s+(?:OR\s+REPLACE\s+)?(VIEW|MACRO)\s+(\w+)\b", text, re.IGNORECASE)
+            if match:  # a macro (017's line_template) before the views that call it, as in the file
+                out.append(f"CREATE OR REPLACE {match.group(1).upper()} memory.main.{match.group(2)}" + text[match.end():])
     return out
 
 

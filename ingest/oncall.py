@@ -419,6 +419,8 @@ def why(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
                "gpu_model": detail.get("gpu_model"), "outcome": outcome, "bench": bench,
                "gpu_state": [e["body"] for e in detail.get("events", []) if e.get("kind") == "gpu_state"],
                "gpu_last_minute": row.get("gpu_last_minute"), "logs": detail.get("logs"), "decisions": decisions}
+        if args.get("diff"):  # queries/run_diff.sql's rows (migration 017)
+            doc["diff"] = why_diff(client, instance)[0]
         if args["format"] == "json":
             if isinstance(doc["gpu_last_minute"], str):
                 doc["gpu_last_minute"] = orjson.loads(doc["gpu_last_minute"])
@@ -450,4 +452,111 @@ def why(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
         state = "complete" if entry.get("complete") else (
             "no logs_complete declared" if declared is None else f"INCOMPLETE: declared up to {declared}, gaps {entry.get('gaps')}")
         w(f"  {source:<14} run {entry.get('run_id')}  {entry.get('lines')} lines  {state}\n")
+    if args.get("diff"):  # against the latest healthy run of the same GPU model (migration 017)
+        w("\n" + "\n".join(why_diff(client, instance)[1]) + "\n")
     return 0
+
+
+# ---- failure patterns (migration 017): `fleetlog patterns [ID]`, `fleetlog why ID --diff`
+
+
+def _canned(client: Client, name: str, params: dict | None = None) -> list[dict] | None:
+    """The rows of the server's copy of queries/NAME.sql, as dicts; None when the server has no such
+    question (an older server)."""
+    found = {q["name"]: q for q in client.get("/api/v1/queries")["queries"]}
+    if name not in found:
+        return None
+    body = {"sql": found[name]["sql"], "params": params} if params else {"sql": found[name]["sql"]}
+    doc = orjson.loads(client.request("POST", "/api/v1/query", params={"format": "json"}, body=orjson.dumps(body)))
+    return [dict(zip(doc["columns"], row)) for row in doc["rows"]]
+
+
+def _joined(values: Any) -> str:
+    return " ".join(str(v) for v in values) if values else ""
+
+
+def _pattern_block(r: dict) -> str:
+    """One pattern of queries/patterns.sql as a few lines: the template whole, then who shares it."""
+    n = lambda k, what: f"{r[k]} {what}{'s' if r[k] != 1 else ''}"  # noqa: E731
+    facts = [("machines", _joined(r["machine_ids"])), ("GPUs", ", ".join(r["gpu_models"] or [])),
+             ("drivers", _joined(r["drivers"]) or "unknown"), ("images", _joined(r["images"]) or "unknown"),
+             ("e.g.", f"{r['example_instance_id']}: {r['example_line']}")]
+    return (f"{r['pattern_id']}  {_joined(r['failure_classes']) or 'unclassified'}  {n('failures', 'failure')}, "
+            f"{n('instances', 'instance')}, {n('machines', 'machine')}  last {short_time(r['last_failed_at'])}\n"
+            f"  {r['pattern']}\n" + "".join(f"  {k:<9} {v}\n" for k, v in facts))
+
+
+PATTERN_FAILURE_COLUMNS = [
+    ("instance", lambda r: r["instance_id"]),
+    ("machine", lambda r: r["machine_id"]),
+    ("gpu", lambda r: r["gpu_model"]),
+    ("driver", lambda r: r["driver"]),
+    ("image", lambda r: r["image_version"]),
+    ("class", lambda r: r["failure_class"]),
+    ("failed at", lambda r: short_time(r["failed_at"])),
+    ("line", lambda r: r["failure_line"]),
+]
+
+
+def patterns(client: Client, args: dict, out: TextIO = sys.stdout) -> int:
+    """The fleet's failures by the template of their deciding line (queries/patterns.sql), the most
+    widespread first; with a pattern id, the failures that share it (queries/pattern_failures.sql)."""
+    pattern = args.get("pattern")
+    name, params = ("pattern_failures", {"pattern_id": pattern}) if pattern else ("patterns", None)
+    found = _canned(client, name, params)
+    if found is None:
+        print(f"fleetlog patterns: the server has no {name} query (an older server)", file=sys.stderr)
+        return 1
+    if pattern and not found:
+        print(f"fleetlog patterns: no failure has pattern {pattern!r}", file=sys.stderr)
+        return 1
+    if pattern and args["format"] == "table":
+        out.write(f"pattern {pattern}: {found[0]['pattern']}\n"
+                  f"{len(found)} failure{'s' if len(found) != 1 else ''} on "
+                  f"{len({r['machine_id'] for r in found})} machine(s)\n\n")
+    if not pattern and args["format"] == "table":
+        out.write("\n".join(_pattern_block(r) for r in found) or "no failure with a deciding line yet\n")
+        out.write(f"({len(found)} pattern{'s' if len(found) != 1 else ''}; `fleetlog patterns ID` lists one's failures)\n")
+        return 0
+    print_records(found, PATTERN_FAILURE_COLUMNS, args["format"], out, whole_last=True)
+    return 0
+
+
+def _diff_lines(rows: list[dict], instance: str) -> list[str]:
+    """queries/run_diff.sql's rows as text: per source, where the two runs part, both sides' lines."""
+    if not rows:
+        return [f"compared with: nothing (the latest run of {instance} did not fail)"]
+    head = rows[0]
+    if head.get("healthy_instance_id") is None:
+        return [f"compared with: nothing (no run of {head.get('gpu_model') or 'its GPU model'} passed on another instance)"]
+    lines = [f"compared with {head['healthy_instance_id']}: the latest healthy run of {head.get('gpu_model')} "
+             f"(machine {head.get('healthy_machine_id')}, ended {short_time(head.get('healthy_done_at'))})"]
+    by_source: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("source") is not None:
+            by_source.setdefault(row["source"], []).append(row)
+    if not by_source:
+        lines.append("  no log lines in either run")
+    for source, parted in sorted(by_source.items()):
+        first = parted[0]
+        if first.get("parted_at") is None:
+            lines.append(f"  {source}: alike throughout ({first.get('failed_lines')} lines)")
+            continue
+        alike = first["parted_at"] - 1
+        lines.append(f"  {source}: alike for {alike} line{'s' if alike != 1 else ''}, parted at line {first['parted_at']} "
+                     f"(failed run {first.get('failed_lines')} lines, healthy run {first.get('healthy_lines')})")
+        for row in parted:
+            if row.get("line_no") is None:
+                continue
+            no = str(row["line_no"])
+            lines.append(f"    {no} + failed   {row['failed_line'] if row.get('failed_line') is not None else '(no more lines)'}")
+            lines.append(f"    {' ' * len(no)} - healthy  {row['healthy_line'] if row.get('healthy_line') is not None else '(no more lines)'}")
+    return lines
+
+
+def why_diff(client: Client, instance: str) -> tuple[list[dict] | None, list[str]]:
+    """``why --diff``: the rows of queries/run_diff.sql for the instance, and them as text."""
+    rows = _canned(client, "run_diff", {"instance_id": instance})
+    if rows is None:
+        return None, ["compared with: the server has no run_diff query (an older server)"]
+    return rows, _diff_lines(rows, instance)

@@ -72,9 +72,10 @@ from ingest.writer import Writer
 logger = logging.getLogger(__name__)
 
 OUTPUTS = {"classify", "table", "decisions"}
-INTERNAL_ACTIONS = {"exclude_host", "mark_stale", "flag_degraded"}  # recorded as executed: nothing leaves fleetlog
-PARAM_NAMES = {"min_rate", "destroy_grace_s", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "exclude_repeats",
-               "degrade_action", "now"}
+INTERNAL_ACTIONS = {"exclude_host", "mark_stale", "alert", "flag_degraded"}  # recorded as executed: nothing to carry out
+# (an alert is its notification: sent as event "alert" when decided, once per episode)
+PARAM_NAMES = {"min_rate", "destroy_grace_s", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "exclude_repeats", "now",
+               "public_url", "degrade_action"}
 _HEADER = re.compile(r"^--\s*([a-z_]+):\s*(.*)$")
 _PARAM = re.compile(r"\$([a-z_]+)")
 
@@ -128,6 +129,9 @@ class PolicyParams:
     retention_s: float
     exclude_repeats: int = 2
     bench_timeout_s: float = 3600.0
+    spike_failures: int = 5  # failure spikes (migration 018): written to policy_settings, read by the view
+    spike_window_s: float = 600.0
+    public_url: str = ""  # the page's base URL, for the links in the rules' evidence
     degrade_recent_runs: int = 3  # host_degradation (migration 016) reads these from policy_settings
     degrade_fraction: float = 0.8
     degrade_action: str = "flag"
@@ -136,7 +140,7 @@ class PolicyParams:
         return {
             "min_rate": self.min_rate, "destroy_grace_s": self.destroy_grace_s, "bad_host_ttl_s": self.bad_host_ttl_s,
             "stale_ttl_s": self.stale_ttl_s, "retention_s": self.retention_s, "exclude_repeats": self.exclude_repeats,
-            "degrade_action": self.degrade_action, "now": now,
+            "now": now, "public_url": self.public_url, "degrade_action": self.degrade_action,
         }
 
 
@@ -146,10 +150,12 @@ def store_settings(con: duckdb.DuckDBPyConnection, params: PolicyParams) -> None
     con.execute(
         """INSERT OR REPLACE INTO policy_settings (name, value, set_at)
            SELECT * FROM (VALUES ('min_rate', ?::DOUBLE, ?::TIMESTAMP), ('bench_timeout_s', ?::DOUBLE, ?::TIMESTAMP),
+                                 ('spike_failures', ?::DOUBLE, ?::TIMESTAMP), ('spike_window_s', ?::DOUBLE, ?::TIMESTAMP),
                                  ('degrade_recent_runs', ?::DOUBLE, ?::TIMESTAMP), ('degrade_fraction', ?::DOUBLE, ?::TIMESTAMP),
                                  ('degrade_exclude', ?::DOUBLE, ?::TIMESTAMP))""",
-        [params.min_rate, utcnow(), params.bench_timeout_s, utcnow(), params.degrade_recent_runs, utcnow(),
-         params.degrade_fraction, utcnow(), float(params.degrade_action == "exclude"), utcnow()],
+        [params.min_rate, utcnow(), params.bench_timeout_s, utcnow(), params.spike_failures, utcnow(),
+         params.spike_window_s, utcnow(), params.degrade_recent_runs, utcnow(), params.degrade_fraction, utcnow(),
+         float(params.degrade_action == "exclude"), utcnow()],
     )
 
 
@@ -238,7 +244,7 @@ class PolicyEngine:
                 )
                 if report.new_decisions and self.notifier.enabled:
                     for decision in await asyncio.to_thread(self._decisions, report.new_decisions):
-                        self.notifier.send(decision["state"], decision)
+                        self.notifier.send("alert" if decision["action"] == "alert" else decision["state"], decision)
                 if execute:
                     await self._carry_out(report, now, (evaluated_at, decided))
             except Exception:

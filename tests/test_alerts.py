@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import replace
+from urllib.parse import quote_plus
 
 import pytest
 import yaml
@@ -26,6 +27,7 @@ from tests.conftest import REPO
 from tests.fleet import demo_fleet, utcnow
 
 ALERTS = REPO / "dashboards" / "alerts.yml"
+PAGE_URL = "https://fleet.example.com/fleetlog"  # the server's public_url, read back by the annotations
 STEP_AT_MIN = 40  # the first scrape's values until this minute, the second's after
 EVAL_AT_MIN = 45
 
@@ -57,14 +59,26 @@ def samples(text: str) -> dict[str, float]:
     return out
 
 
-def rendered(rule: dict, labels: dict[str, str]) -> dict[str, str]:
-    """The rule's annotations with ``{{ $labels.x }}`` filled in, as Prometheus renders them."""
-    return {k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], v) for k, v in rule["annotations"].items()}
+PAGE_TEMPLATE = '{{ with query "fleetlog_page_info" }}{{ . | first | label "url" }}{{ end }}'
+
+
+def rendered(rule: dict, labels: dict[str, str], value: str = "") -> dict[str, str]:
+    """The rule's annotations as Prometheus renders them: ``{{ $labels.x }}`` (``| urlquery``: escaped
+    for a URL's query), ``{{ $value }}``, and the page's URL from the fleetlog_page_info series."""
+
+    def one(text: str) -> str:
+        text = text.replace(PAGE_TEMPLATE, PAGE_URL).replace("{{ $value }}", value)
+        text = re.sub(r"\{\{ \$labels\.(\w+) \| urlquery \}\}", lambda m: quote_plus(labels[m.group(1)]), text)
+        return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
+
+    return {k: one(v) for k, v in rule["annotations"].items()}
 
 
 async def test_alert_rules_fire_on_the_demo_fleet_scraped_from_a_real_server(aiohttp_client, settings, tmp_path):
     tool = promtool()
-    client = await aiohttp_client(create_app(replace(settings, policy_interval_s=0)))
+    # a spike is one failure of a class on a GPU model within 10 minutes here: the demo fleet's fresh ones
+    client = await aiohttp_client(create_app(replace(settings, policy_interval_s=0, spike_failures=1,
+                                                     spike_window_s=600.0, public_url=PAGE_URL)))
     await demo_fleet(client, utcnow() - dt.timedelta(seconds=30))
     engine = client.app[CORE].policy
     engine.rules = [*engine.rules, Rule("broken", REPO / "broken.sql", "SELECT * FROM nowhere", "0", "table", ())]
@@ -87,10 +101,10 @@ async def test_alert_rules_fire_on_the_demo_fleet_scraped_from_a_real_server(aio
     series = [{"series": name, "values": values(name, value)} for name, value in sorted(second.items())]
     rules = {r["alert"]: r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
 
-    def firing(alert: str, *label_sets: dict[str, str]) -> dict:
+    def firing(alert: str, *label_sets: dict[str, str], value: str = "") -> dict:
         rule = rules[alert]
         return {"eval_time": f"{EVAL_AT_MIN}m", "alertname": alert, "exp_alerts": [
-            {"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": rendered(rule, labels)} for labels in label_sets]}
+            {"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": rendered(rule, labels, value)} for labels in label_sets]}
 
     free = second["fleetlog_storage_free_bytes{}"] / second["fleetlog_storage_size_bytes{}"]
     expected = [
@@ -103,6 +117,11 @@ async def test_alert_rules_fire_on_the_demo_fleet_scraped_from_a_real_server(aio
         firing("FleetlogIngestErrors"),
         firing("FleetlogNotificationsDropped"),
         firing("FleetlogPolicyRuleFailing", {"rule": "broken"}),  # the others still ran
+        # C.32733029 (oom), C.drop (unknown: exit 1, nothing matched), C.params (param_fetch), all 30 s ago; not
+        # C.hung (hung 2 hours ago)
+        firing("FleetlogFailureSpike", {"failure_class": "oom", "gpu_model": "RTX PRO 4000"},
+               {"failure_class": "param_fetch", "gpu_model": "RTX 3090"}, {"failure_class": "unknown", "gpu_model": "RTX 4090"},
+               value="1"),
         firing("FleetlogDiskNearlyFull", *([{}] if free < 0.10 else [])),
     ]
     assert set(rules) - {t["alertname"] for t in expected} == {"FleetlogDown"}  # no up{} series in a unit test

@@ -180,6 +180,18 @@ def test_dashboards_have_what_grafana_requires():
     assert re.search(r"^\s+type: file\s*$", provider, re.M) and re.search(r"^\s+path: /\S+", provider, re.M)
 
 
+def test_the_money_views_have_their_panels():
+    """Migration 015's money views reach Grafana: what each instance cost, the money lost per failure
+    class x GPU model x machine, and the $/hour burning now on instances with no proof yet (a table
+    each, and the burn over time from /metrics)."""
+    boards = load_dashboards()
+    sql_text = "\n".join(json.loads(q["url_options"]["data"])["sql"] for _, _, q in infinity_queries(boards))
+    for view in ("instance_costs", "failure_class_costs", "unproven_burn"):
+        assert re.search(rf"\bFROM {view}\b", sql_text), f"no panel reads {view}"
+    exprs = " ".join(expr for _, _, expr in prometheus_exprs(boards))
+    assert "fleetlog_fleet_unproven_burn_dollars_per_hour" in exprs and "fleetlog_fleet_unproven_instances" in exprs
+
+
 def prometheus_binary() -> str:
     path = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
     if path is None:

@@ -68,6 +68,7 @@ async def test_every_view_fits_the_width_without_sideways_scroll(fleet, page, wi
         "/#/instance/C.32733029?source=benchdaemon": "#log-lines .ln.alarm",
         "/#/instance/C.params": '#timeline li[data-kind="params_done"]',
         "/#/search?q=out+of+memory": "#search-hits tr.hit",
+        "/#/failures?class=oom": '#failures-table [data-instance="C.32733029"]',
     }
     widths = {}
     for route, ready in views.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import subprocess
 import sys
 from dataclasses import replace
@@ -19,6 +20,10 @@ from tests.fleet import bench_instance, incident, iso, post, push_lines, utcnow
 QUERIES = REPO / "queries"
 FILES = sorted(QUERIES.glob("*.sql"))
 PARAMS = {"why_failed.sql": {"instance_id": "C.32733029"}}
+# migration 017: the incident's OOM line as a template, its id; the incident against a healthy run (none: one row)
+INCIDENT_PATTERN = "<ts> ERROR cuzk_daemon::pce: CUDA error: out of memory (cudaErrorMemoryAllocation) allocating <size> for NTT"
+PARAMS |= {"pattern_failures.sql": {"pattern_id": hashlib.md5(INCIDENT_PATTERN.encode()).hexdigest()[:12]},
+           "run_diff.sql": {"instance_id": "C.32733029"}}
 
 
 async def load_demo(client) -> None:

@@ -1,12 +1,14 @@
-// The page's router: #/fleet, #/instance/<id>, #/machines, #/machine/<id>, #/decisions, #/search, #/query.
+// The page's router: #/fleet, #/instance/<id>, #/machines, #/machine/<id>, #/decisions, #/patterns, #/failures, #/search, #/query.
 // Each view polls while shown; leaving it aborts its requests and timers.
 
 import { getToken, setToken } from "./api.js";
 import { clearErrors, h, replace } from "./dom.js";
 import { renderDecisions } from "./decisions.js";
+import { renderFailures } from "./failures.js";
 import { renderFleet } from "./fleet.js";
 import { renderInstance } from "./instance.js";
 import { renderMachine, renderMachines } from "./machines.js";
+import { renderPatterns } from "./patterns.js";
 import { renderQuery } from "./query.js";
 import { renderSearch } from "./search.js";
 
@@ -41,8 +43,10 @@ function route() {
   else if (name === "machine" && arg) renderMachine(root, arg, params, signal);
   else if (name === "machines") renderMachines(root, params, signal);
   else if (name === "decisions") renderDecisions(root, params, signal);
+  else if (name === "failures") renderFailures(root, params, signal); // a spike alert's link
   else if (name === "fleet") renderFleet(root, params, signal);
   else if (name === "search") renderSearch(root, params, signal);
+  else if (name === "patterns") renderPatterns(root, params, signal);
   else if (name === "query") renderQuery(root, params, signal);
   else replace(root, h("p", null, "No such page. ", h("a", { href: "#/fleet", text: "Back to the fleet" })));
 }

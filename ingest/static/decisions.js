@@ -7,10 +7,12 @@ import { cardLabels, fmtTime, h, instanceHref, link, machineHref, poll, replace 
 
 const REFRESH_MS = 10000;
 const STATES = ["proposed", "executed", "failed", "skipped", "superseded"];
-const ACTIONS = ["destroy", "exclude_host", "mark_stale", "delete_logs"];
+const ACTIONS = ["destroy", "exclude_host", "mark_stale", "delete_logs", "alert"];
 const open = new Set(); // evidence rows the user opened stay open across refreshes
 
 function subjectLink(d) {
+  // a spike alert (rule failure_spike): its subject is "<class> on <GPU model>", its page the failures it counted
+  if (d.action === "alert") return d.evidence && typeof d.evidence.page === "string" && d.evidence.page.startsWith("#/failures") ? link(d.evidence.page, d.subject) : d.subject;
   return d.action === "exclude_host" ? link(machineHref(d.subject), `machine ${d.subject}`) : link(instanceHref(d.subject), d.subject);
 }
 

@@ -7,6 +7,7 @@ import {
   cardLabels, fmtDuration, fmtNumber, fmtTime, h, link, machineHref, parseTime, poll, rateCell, replace, stateBadge, timeCell,
 } from "./dom.js";
 import { LogsPanel } from "./logs.js";
+import { renderDiff } from "./patterns.js";
 
 const REFRESH_MS = 5000;
 const CHARTS_MS = 15000;
@@ -28,7 +29,8 @@ export function renderInstance(root, id, params, signal) {
   const runs = h("section", { class: "panel", id: "bench-runs" });
   const charts = h("section", { class: "panel", id: "charts" }, h("h2", { text: "GPU" }), h("p", { class: "muted", text: "Loading samples…" }));
   const logs = new LogsPanel(id, params, signal);
-  replace(root, head, banner, facts, timeline, runs, charts, logs.el);
+  const diff = h("section", { class: "panel", id: "run-diff", hidden: true }); // patterns.js: a failed run against a healthy one
+  replace(root, head, banner, facts, timeline, runs, diff, charts, logs.el);
 
   let detail = null;
   let first = true;
@@ -46,6 +48,7 @@ export function renderInstance(root, id, params, signal) {
     if (first) {
       first = false;  // the charts need the detail's time span; they refresh on their own, slower
       poll("charts", () => renderCharts(charts, id, detail, signal), CHARTS_MS, signal);
+      poll("run-diff", () => renderDiff(diff, id, signal), CHARTS_MS, signal);
     }
   }
 
