@@ -138,6 +138,14 @@ class Settings:
     spike_window_s: float = _setting(600.0, "the window of spike_failures", minimum=1)
     public_url: str = _setting("", "base URL the page is reached at, for links in notifications and alert annotations "
                                    "(fleetlog_page_info); empty: http://host:port")
+    degrade_recent_runs: int = _setting(
+        3, "a machine's recent rate is the mean of its last this many measured benchmark runs (exit 0, a rate), beside its best",
+        minimum=1)
+    degrade_fraction: float = _setting(
+        0.8, "a machine whose recent rate is below this fraction of its best rate is degraded (0: never)", minimum=0)
+    degrade_action: str = _setting(
+        "flag", "what a degraded machine gets: flag (shown, still eligible), exclude (not eligible while degraded), "
+        "rebenchmark (a re-benchmark proposed, sent to notify_webhook_url)")
     lake: str = _setting("", "lake mode: 'postgres:<libpq string>' of the DuckLake catalog and keyed tables (empty: the single file db)")
     lake_data: str = _setting("./var/lake", "lake mode: directory holding the lake's Parquet files, shared by every node")
     node_id: str = _setting("", "lake mode: this node's name, unique among the nodes of a lake (empty: host:port)")
@@ -203,6 +211,10 @@ class Settings:
             raise ConfigError(f"public_url: expected an http:// or https:// URL, got {self.public_url!r}")
         if self.actuator_webhook_url and self.actuator_command:
             raise ConfigError("actuator_webhook_url, actuator_command: set one actuator, not both")
+        if self.degrade_fraction > 1:
+            raise ConfigError(f"degrade_fraction: must be <= 1 (a fraction of the best rate), got {self.degrade_fraction!r}")
+        if self.degrade_action not in ("flag", "exclude", "rebenchmark"):
+            raise ConfigError(f"degrade_action: expected flag, exclude or rebenchmark, got {self.degrade_action!r}")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         split = self.memory_split()

@@ -1,12 +1,13 @@
 """``fleetlog demo``: a simulated fleet pushed into a running server through the real agent.
 
-Nine instances, each driven the way ``docker/entrypoint.sh`` drives a real one: ``fleetlog-agent
+Eleven instances, each driven the way ``docker/entrypoint.sh`` drives a real one: ``fleetlog-agent
 event registered``, ``wrap`` of a parameter fetch (source setup, then params_done), ``run`` of a
 benchmark with its daemon log tailed as benchdaemon, then ``event running`` for the healthy ones.
 The parameter fetch and the benchmark are small generated shell scripts that print what the real
 ones print, faster. GPU samples (DCGM names) for each benchmark's window are pushed through the
 metrics API, shaped by what went wrong. Then the policies run once, so decisions, bad hosts and
-failure classes are there to look at.
+failure classes are there to look at. Machine 41010 is rented twice, one rental after the other:
+40.2 proofs/hour, then 20.1 (a degraded machine: best 40.2, recent 30.2; `fleetlog hosts` says so).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Profile:
     gpu_model: str
     dph: float
     location: str
-    outcome: str  # healthy, slow, oom, gpu_lost, network
+    outcome: str  # healthy, slow, oom, gpu_lost, network, degraded (healthy, at half the rate it had)
     rate: float = 0.0
     oom_gib: float = 3.2  # what the OOM failed to allocate (the same failure line, another size: one pattern)
     driver: str = "575.57.08"
@@ -49,6 +50,8 @@ FLEET = [
     Profile("C.91000007", 55892, "RTX PRO 4000", 0.36, "Norway", "healthy", 33.0),
     Profile("C.91000008", 41008, "RTX A4000", 0.17, "Texas, US", "oom", oom_gib=1.6, driver="570.124.06"),
     Profile("C.91000009", 41009, "RTX 4090", 0.41, "Germany", "oom", oom_gib=12.8),
+    Profile("C.91000010", 41010, "RTX 4090", 0.38, "Sweden", "healthy", 40.2),  # the same machine, rented again:
+    Profile("C.91000011", 41010, "RTX 4090", 0.38, "Sweden", "degraded", 20.1),  # half as fast (degraded)
 ]
 
 PARAMS = """#!/bin/sh
@@ -101,7 +104,7 @@ echo "benchmark.sh exited with error" >&2
 exit 1
 """,
 }
-BENCH_BODY["slow"] = BENCH_BODY["healthy"]
+BENCH_BODY["slow"] = BENCH_BODY["degraded"] = BENCH_BODY["healthy"]
 
 
 def agent_executable() -> str:
@@ -137,6 +140,8 @@ def gpu_samples(profile: Profile, started: float, ended: float) -> list[dict]:
         util, used, temp, power = 96.0, 19_800.0 + 900 * frac, 74 + 6 * frac, 280.0
         if profile.outcome == "slow":
             util, temp, power = 41.0 + 5 * (i % 2), 63.0, 140.0
+        elif profile.outcome == "degraded":  # running hot, clocks down
+            util, temp, power = 99.0, 88.0 + 2 * frac, 190.0
         elif profile.outcome == "oom":
             util, used, temp, power = 35 + 50 * frac, 14_000 + (total_mib - 14_000) * frac, 66 + 12 * frac, 120 + 150 * frac
         elif profile.outcome == "gpu_lost":
@@ -202,9 +207,13 @@ def run(client: Client, keep: bool = False) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="fleetlog-demo-"))
     started = time.monotonic()
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(FLEET)) as pool:
-            for line in pool.map(lambda p: run_instance(p, client, workdir), FLEET):
-                print(line, flush=True)
+        machines: dict[int, list[Profile]] = {}  # the rentals of one machine run one after the other
+        for profile in FLEET:
+            machines.setdefault(profile.machine_id, []).append(profile)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(machines)) as pool:
+            for lines in pool.map(lambda rentals: [run_instance(p, client, workdir) for p in rentals], machines.values()):
+                for line in lines:
+                    print(line, flush=True)
         try:
             report = client.post("/api/v1/policy/run")
             print(f"policies: {len(report['new_decisions'])} new decisions, {report['classified']} failures classified")
@@ -214,5 +223,5 @@ def run(client: Client, keep: bool = False) -> int:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
     print(f"demo fleet pushed in {time.monotonic() - started:.0f} s: open {server}/ (fleet), "
-          f"{server}/#/instance/C.91000004 (the OOM), {server}/#/machines")
+          f"{server}/#/instance/C.91000004 (the OOM), {server}/#/machines (41010: degraded)")
     return 0

@@ -88,9 +88,9 @@ SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id
 # The migrations (ingest/migrations/) whose tables PG_DDL and LAKE_DDL hold; their views are created
 # from the files themselves. A new migration must be folded in here too (open_lake refuses to start
 # otherwise, so the two modes cannot drift apart silently).
-# 10, 15, 17 and 18 only (re)define views (17 a macro too); 14 (log_blocks, the search's token filter) has no lake table: the
+# 10, 15, 16, 17 and 18 only (re)define views (17 a macro too); 14 (log_blocks, the search's token filter) has no lake table: the
 # lake keeps no blocks and its searches scan the window (docs/scale-out.md).
-LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 17, 18})
+LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18})
 
 # Native PostgreSQL DDL of the keyed tables (migrations 001-005 folded, JSON kept as text: DuckDB sees both as VARCHAR and casts one way only; bench_runs carries its own
 # ``rowid`` column, which DuckDB's postgres scanner does not provide, so the writer's run matching

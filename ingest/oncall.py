@@ -292,12 +292,13 @@ HOST_COLUMNS = [
     ("machine", lambda r: r["machine_id"]),
     ("gpu", lambda r: r.get("gpu_model")),
     ("best rate", lambda r: r.get("best_rate")),
+    ("recent", lambda r: r.get("recent_rate")),  # host_degradation: the mean of the last degrade_recent_runs
     ("runs", lambda r: r.get("runs")),
     ("failed", lambda r: r.get("failed_runs")),
     ("$/proof", lambda r: r.get("dollars_per_proof")),
-    ("bad", lambda r: "bad" if r.get("bad") else ""),
+    ("bad", lambda r: "bad" if r.get("bad") else "degraded" if r.get("degraded") else ""),
     ("deploy", lambda r: "eligible" if r.get("eligible") else "no"),
-    ("why", lambda r: r.get("reason")),
+    ("why", lambda r: r.get("reason") or r.get("degradation")),  # why not eligible, else why degraded
 ]
 
 

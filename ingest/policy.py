@@ -27,7 +27,8 @@ that times out or fails is counted (``fleetlog_policy_rule_errors_total{rule,rea
 failing (``fleetlog_policy_rule_failing{rule}``, ``/readyz``'s ``policy.failing_rules``) until it
 succeeds again, and the other rules still run (a later rule that reads its table fails with it).
 
-Verdicts that only fleetlog acts on (``exclude_host``, ``mark_stale``) are recorded as executed.
+Verdicts that only fleetlog acts on (``exclude_host``, ``mark_stale``, ``flag_degraded``) are recorded as
+executed; a ``rebenchmark`` stays ``proposed`` (for the orchestrator: nothing here carries it out).
 ``destroy`` and ``delete_logs`` stay ``proposed`` until a run with ``execute``: then at most
 ``destroy_cap_per_cycle`` actuator calls are made, for the destroys waiting longest first (since their
 decision, or since their last failed attempt: a failing one goes to the back of the queue, so it
@@ -73,14 +74,14 @@ from ingest.writer import Writer
 logger = logging.getLogger(__name__)
 
 OUTPUTS = {"classify", "table", "decisions"}
-INTERNAL_ACTIONS = {"exclude_host", "mark_stale", "alert"}  # recorded as executed: nothing to carry out
+INTERNAL_ACTIONS = {"exclude_host", "mark_stale", "alert", "flag_degraded"}  # recorded as executed: nothing to carry out
 # (an alert is its notification: sent as event "alert" when decided, once per episode)
 # a commit that stores one of these wakes the timer's loop: the evidence a destroy waits for is complete
 # (not bench_done: a cycle woken between a run's end and its last lines would class it on half its evidence)
 WAKE_KINDS = frozenset({"logs_complete", "params_done"})
 _ASK = object()  # _still_selected: no re-check made yet
 PARAM_NAMES = {"min_rate", "destroy_grace_s", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "exclude_repeats", "now",
-               "public_url"}
+               "public_url", "degrade_action"}
 _HEADER = re.compile(r"^--\s*([a-z_]+):\s*(.*)$")
 _PARAM = re.compile(r"\$([a-z_]+)")
 
@@ -137,24 +138,30 @@ class PolicyParams:
     spike_failures: int = 5  # failure spikes (migration 018): written to policy_settings, read by the view
     spike_window_s: float = 600.0
     public_url: str = ""  # the page's base URL, for the links in the rules' evidence
+    degrade_recent_runs: int = 3  # host_degradation (migration 016) reads these from policy_settings
+    degrade_fraction: float = 0.8
+    degrade_action: str = "flag"
 
     def values(self, now: dt.datetime) -> dict[str, Any]:
         return {
             "min_rate": self.min_rate, "destroy_grace_s": self.destroy_grace_s, "bad_host_ttl_s": self.bad_host_ttl_s,
             "stale_ttl_s": self.stale_ttl_s, "retention_s": self.retention_s, "exclude_repeats": self.exclude_repeats,
-            "now": now, "public_url": self.public_url,
+            "now": now, "public_url": self.public_url, "degrade_action": self.degrade_action,
         }
 
 
 def store_settings(con: duckdb.DuckDBPyConnection, params: PolicyParams) -> None:
-    """Write the values the views of migration 005 compare against (``policy_settings``); called on
-    the write connection at start-up, before the writer thread owns it."""
+    """Write the values the views of migrations 005 and 016 compare against (``policy_settings``);
+    called on the write connection at start-up, before the writer thread owns it."""
     con.execute(
         """INSERT OR REPLACE INTO policy_settings (name, value, set_at)
            SELECT * FROM (VALUES ('min_rate', ?::DOUBLE, ?::TIMESTAMP), ('bench_timeout_s', ?::DOUBLE, ?::TIMESTAMP),
-                                 ('spike_failures', ?::DOUBLE, ?::TIMESTAMP), ('spike_window_s', ?::DOUBLE, ?::TIMESTAMP))""",
+                                 ('spike_failures', ?::DOUBLE, ?::TIMESTAMP), ('spike_window_s', ?::DOUBLE, ?::TIMESTAMP),
+                                 ('degrade_recent_runs', ?::DOUBLE, ?::TIMESTAMP), ('degrade_fraction', ?::DOUBLE, ?::TIMESTAMP),
+                                 ('degrade_exclude', ?::DOUBLE, ?::TIMESTAMP))""",
         [params.min_rate, utcnow(), params.bench_timeout_s, utcnow(), params.spike_failures, utcnow(),
-         params.spike_window_s, utcnow()],
+         params.spike_window_s, utcnow(), params.degrade_recent_runs, utcnow(), params.degrade_fraction, utcnow(),
+         float(params.degrade_action == "exclude"), utcnow()],
     )
 
 

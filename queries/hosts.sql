@@ -3,15 +3,19 @@
 --   reason says why a machine is not eligible (its exclusion, or its best rate under $min_rate).
 --   Bad: the newest of (the operator's verdict, the rule's latest unexpired exclusion) decides; an
 --   operator's verdict wins over exclusions for failures that happened before it.
+--   Beside the best rate, the recent one, degraded and why (host_degradation, migration 016).
 -- params: $min_rate (proofs/hour), $now (timestamp)
 -- needs: host_performance
 --   (queries/policies/20_host_performance.sql, put in front as a CTE by the server and `fleetlog query`)
+-- recent_rate: the mean of the last degrade_recent_runs measured runs; degraded: recent <
+--   degrade_fraction x best, degradation says why; with degrade_action exclude a degraded machine is
+--   bad (the degraded_hosts rule's exclusion, while the degradation stands).
 WITH machines AS (
     SELECT DISTINCT machine_id FROM instances WHERE machine_id IS NOT NULL
     UNION SELECT machine_id FROM host_verdicts
 ),
 exclusions AS MATERIALIZED (
-    SELECT subject, reason, evidence, expires_at FROM decisions
+    SELECT rule, subject, reason, evidence, expires_at FROM decisions
     WHERE action = 'exclude_host' AND state = 'executed' AND (expires_at IS NULL OR expires_at > $now::TIMESTAMP)
 ),
 rule_exclusions AS (
@@ -24,6 +28,10 @@ rule_exclusions AS (
     -- (passed) no longer excludes its machine
     WHERE EXISTS (SELECT 1 FROM failures f WHERE f.instance_id = (d.evidence->>'instance_id')
                                            AND f.failed_at = TRY_CAST(d.evidence->>'done_at' AS TIMESTAMP))
+       -- the degradation it was decided on still stands and still excludes: the machine is degraded
+       -- now (a run since that brought its recent rate back lifts it at once) and degrade_action is exclude
+       OR d.rule = 'degraded_hosts' AND EXISTS (SELECT 1 FROM host_degradation g
+                                                WHERE g.machine_id = TRY_CAST(d.subject AS BIGINT) AND g.excludes)
     GROUP BY 1
 ),
 verdicts AS (
@@ -37,6 +45,10 @@ live_verdicts AS (
 SELECT m.machine_id,
        p.gpu_model,
        p.best_rate,
+       g.recent_rate,
+       coalesce(g.recent_runs, 0) AS recent_runs,
+       coalesce(g.degraded, false) AS degraded,
+       g.reason AS degradation,
        coalesce(p.runs, 0) AS runs,
        coalesce(p.failed_runs, 0) AS failed_runs,
        p.last_run_at,
@@ -58,4 +70,5 @@ FROM machines m
 LEFT JOIN host_performance p USING (machine_id)
 LEFT JOIN rule_exclusions r USING (machine_id)
 LEFT JOIN live_verdicts v USING (machine_id)
+LEFT JOIN host_degradation g USING (machine_id)
 ORDER BY p.best_rate DESC NULLS LAST, m.machine_id

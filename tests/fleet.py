@@ -114,6 +114,8 @@ async def demo_fleet(client, done: dt.datetime) -> None:
     C.drop      exit 1, logs_complete declared, but the agent dropped 2 lines failed, incomplete
     C.params    the parameter fetch exited 2, its setup log complete         params_failed, complete
     C.hung      bench_started 3 hours ago, no bench_done, no logs_complete   hung, incomplete
+    C.60, C.30  machine 782: 60, then (an hour later) 30 proofs/hour         passed, complete; degraded
+                (best 60, recent 45 < 0.8 x 60: still above min_rate, half as fast as it was)
     """
     await incident(client, done, logs_complete=True)
     await bench_instance(client, "C.40", 777, done=done - dt.timedelta(hours=1), exit_code=0, rate=40.0, dph=0.8)
@@ -134,6 +136,14 @@ async def demo_fleet(client, done: dt.datetime) -> None:
     await hung_instance(client, "C.hung", 781, started=done - dt.timedelta(hours=3))
     await push_lines(client, "C.hung", "benchout", ["[benchmark] warm-up proof (waits for PCE extraction)"],
                      at=done - dt.timedelta(hours=3))
+    await degraded_machine(client, done)
+
+
+async def degraded_machine(client, done: dt.datetime) -> None:
+    """Machine 782 rented twice: 60 proofs/hour, then 30 an hour later (logs complete both times)."""
+    for instance_id, rate, at in (("C.60", 60.0, done - dt.timedelta(hours=1)), ("C.30", 30.0, done)):
+        await bench_instance(client, instance_id, 782, done=at, exit_code=0, rate=rate, gpu_model="RTX 5090", dph=0.9)
+        await complete_logs(client, instance_id, at, {"benchout": -1})
 
 
 # -- helpers of the policy tests (a running app from aiohttp_client) ------------------------------

@@ -109,7 +109,13 @@ async def test_api_gauges_and_sql_agree_on_the_demo_fleet(aiohttp_client, policy
     assert by_phase == api_phase == {"benchmark": 3, "params": 1}
     assert {i: row["outcome"] for i, row in listed.items()} == {
         "C.32733029": "failed", "C.40": "passed", "C.31": "passed", "C.12": "below_min_rate", "C.drop": "failed",
-        "C.params": "params_failed", "C.hung": "hung"}
+        "C.params": "params_failed", "C.hung": "hung", "C.60": "passed", "C.30": "passed"}
+
+    # degraded machines: the hosts API, the view, the rule's decisions (machine 782: 60, then 30)
+    api_degraded = {h["machine_id"] for h in (await get(client, "/api/v1/hosts"))["hosts"] if h["degraded"]}
+    sql_degraded = {m for (m,) in rows(client, "SELECT machine_id FROM host_degradation WHERE degraded")}
+    decided = {int(s) for (s,) in rows(client, "SELECT subject FROM decisions WHERE rule = 'degraded_hosts'")}
+    assert api_degraded == sql_degraded == decided == {782}
 
     # the destroy gate rests on the same definitions: complete logs, or (C.hung, C.drop) the grace period
     destroys = dict(rows(client, "SELECT subject, evidence->>'waited_for' FROM decisions WHERE action = 'destroy'"))

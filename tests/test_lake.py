@@ -163,11 +163,11 @@ def test_lake_one_policy_runner_at_a_time(postgres):  # noqa: F811
 
 
 async def _fleet_decisions(client) -> dict:
-    """tests/fleet.py's incident with a healthy, a slow and a fast machine; two policy cycles (before
+    """tests/fleet.py's incident with a healthy, a slow, a fast and a degraded machine; two policy cycles (before
     and after logs_complete); what was decided, classified and gated."""
     import datetime as dt
 
-    from tests.fleet import bench_instance, complete_logs, incident, utcnow
+    from tests.fleet import bench_instance, complete_logs, degraded_machine, incident, utcnow
 
     policy = client.app[CORE].policy
     done = utcnow() - dt.timedelta(seconds=30)
@@ -177,6 +177,7 @@ async def _fleet_decisions(client) -> dict:
     await bench_instance(client, "C.31", 777, done=healthy + dt.timedelta(hours=1), exit_code=0, rate=31.0, dph=0.8)
     await bench_instance(client, "C.slow", 900, done=done, exit_code=0, rate=12.5)
     await complete_logs(client, "C.slow", done, {"benchout": -1})
+    await degraded_machine(client, done)  # machine 782: 60, then 30 (migration 016's view, rule 35)
     first = await policy.run_cycle(False)
     await complete_logs(client, "C.32733029", done, {"benchdaemon": 4, "benchout": 3})
     second = await policy.run_cycle(False)
@@ -186,7 +187,8 @@ async def _fleet_decisions(client) -> dict:
         "cycles": [(r.classified, len(r.new_decisions)) for r in (first, second)],
         "decisions": sorted((d["rule"], d["subject"], d["action"], d["reason"], d["state"]) for d in decisions["decisions"]),
         "classes": rows(client, "SELECT instance_id, failure_class, failure_line FROM bench_runs ORDER BY 1"),
-        "hosts": sorted((h["machine_id"], h["bad"], h["eligible"], h["best_rate"], h["runs"]) for h in hosts["hosts"]),
+        "hosts": sorted((h["machine_id"], h["bad"], h["eligible"], h["best_rate"], h["runs"], h["recent_rate"], h["degraded"],
+                         h["degradation"]) for h in hosts["hosts"]),
     }
 
 
@@ -194,6 +196,7 @@ async def test_lake_policies_decide_as_the_single_file_does(make_client, lake_cl
     single = await make_client(policy_interval_s=0)
     expected = await _fleet_decisions(single)
     assert any(d[2] == "destroy" for d in expected["decisions"]), expected  # the scenario decides something
+    assert any(d[:3] == ("degraded_hosts", "782", "flag_degraded") for d in expected["decisions"]), expected
     assert await _fleet_decisions(lake_client) == expected
 
 

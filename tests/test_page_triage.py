@@ -215,7 +215,7 @@ async def test_triage_filters_and_sorting_live_in_the_url(demo, page):  # noqa: 
     url, http = demo
     await sized(page, 1280)
     await page.goto(url + "/#/fleet")
-    await expect(page.locator("#fleet-table tbody tr[data-instance]")).to_have_count(7)
+    await expect(page.locator("#fleet-table tbody tr[data-instance]")).to_have_count(9)  # tests/fleet.py demo_fleet
     await page.select_option("#filter-outcome", "failed")
     await expect(page.locator("#fleet-table tbody tr[data-instance]")).to_have_count(2)
     assert hash_params(page.url) == {"outcome": "failed"}

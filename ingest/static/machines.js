@@ -1,5 +1,5 @@
-// Machines: the deploy gate per machine_id (best rate, runs, $/proof, bad or not and why,
-// eligible), and one machine with the operator's exclude / include buttons.
+// Machines: the deploy gate per machine_id (best rate, recent rate, runs, $/proof, bad or degraded
+// and why, eligible), and one machine with the operator's exclude / include buttons.
 
 import { api, minRate, path } from "./api.js";
 import {
@@ -9,7 +9,16 @@ import { decisionsTable } from "./decisions.js";
 
 const REFRESH_MS = 10000;
 
+// Degradation (host_degradation, migration 016): the recent rate beside the best, marked when the
+// machine is degraded (its recent rate fell below degrade_fraction of its best); the title says why.
+function recentCell(host) {
+  if (host.recent_rate === null || host.recent_rate === undefined) return h("span", { class: "muted", text: "—" });
+  const why = host.degradation || `mean of the last ${host.recent_runs} runs`;
+  return h("span", { class: host.degraded ? "rate warn" : "rate", "data-degraded": String(host.degraded), title: why }, fmtNumber(host.recent_rate));
+}
+
 function verdictCell(host) {
+  if (!host.bad && host.degraded) return h("span", { class: "warn", title: host.degradation || "", text: "degraded" });
   if (!host.bad) return h("span", { class: "ok", text: "no" });
   return h("span", { class: "bad", title: host.reason || "", text: "bad" });
 }
@@ -27,7 +36,7 @@ export function renderMachines(root, params, signal) {
     h(
       "table",
       { class: "grid cards", id: "machines-table" },
-      h("thead", null, h("tr", null, ["machine", "GPU", "best rate / min", "runs", "failed", "last run", "$/proof", "bad", "why", "deploy"].map((t) => h("th", { text: t })))),
+      h("thead", null, h("tr", null, ["machine", "GPU", "best rate / min", "recent rate", "runs", "failed", "last run", "$/proof", "bad", "why", "deploy"].map((t) => h("th", { text: t })))),
       body,
     ),
   );
@@ -46,16 +55,17 @@ export function renderMachines(root, params, signal) {
                 h("td", null, link(machineHref(m.machine_id), String(m.machine_id))),
                 h("td", { text: m.gpu_model || "—" }),
                 h("td", null, rateCell(m.best_rate, min, null)),
+                h("td", null, recentCell(m)),
                 h("td", { text: m.runs }),
                 h("td", { class: m.failed_runs ? "bad" : "", text: m.failed_runs }),
                 h("td", null, timeCell(m.last_run_at)),
                 h("td", { text: m.dollars_per_proof === null ? "—" : `$${fmtNumber(m.dollars_per_proof, 4)}` }),
                 h("td", null, verdictCell(m)),
-                h("td", { class: "why", text: m.reason || "" }),
+                h("td", { class: "why", text: m.reason || m.degradation || "" }),
                 h("td", null, eligibleCell(m)),
               ),
             )
-          : h("tr", null, h("td", { colspan: 10, class: "muted", text: "No machine is known yet." })),
+          : h("tr", null, h("td", { colspan: 11, class: "muted", text: "No machine is known yet." })),
       );
       cardLabels(body.parentElement);
     },
@@ -164,6 +174,8 @@ function renderSummary(el, host, min) {
   const facts = [
     ["GPU", host.gpu_model || "—"],
     ["best rate", rateCell(host.best_rate, min, null)],
+    ["recent rate", recentCell(host)],
+    ["degraded", host.degraded ? host.degradation : "no"],
     ["runs", `${host.runs} (${host.failed_runs} failed)`],
     ["last run", host.last_run_at ? `${fmtTime(host.last_run_at)}, ${fmtNumber(host.last_rate)} proofs/hour` : "—"],
     ["$/proof", host.dollars_per_proof === null ? "—" : `$${fmtNumber(host.dollars_per_proof, 4)}`],
@@ -176,10 +188,10 @@ function renderSummary(el, host, min) {
     el,
     h(
       "div",
-      { class: host.bad ? "banner fail" : host.eligible ? "banner ok" : "banner warn" },
+      { class: host.bad ? "banner fail" : host.eligible && !host.degraded ? "banner ok" : "banner warn" },
       eligibleCell(host),
       " ",
-      h("strong", { text: host.bad ? "bad machine" : host.eligible ? "good machine" : "below min_rate" }),
+      h("strong", { text: host.bad ? "bad machine" : host.degraded ? "degraded machine" : host.eligible ? "good machine" : "below min_rate" }),
       h("dl", { class: "facts" }, facts.map(([k, v]) => h("div", null, h("dt", { text: k }), h("dd", { "data-fact": k }, v)))),
     ),
   );
