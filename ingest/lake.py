@@ -193,6 +193,7 @@ def open_lake(dsn: str, data_path: str, memory_limit_mb: int = 256, temp_dir: st
     ``schema`` is False: the maintenance job's own instance, opened on a lake that exists), locked down."""
     if not dsn.startswith("postgres:"):
         raise StoreError(f"lake: expected 'postgres:<libpq connection string>', got {dsn!r}")
+    store.no_pandas_search()
     pg_dsn = dsn.removeprefix("postgres:")
     data = Path(data_path).resolve()
     data.mkdir(parents=True, exist_ok=True)
