@@ -42,8 +42,8 @@ import orjson  # noqa: E402
 from bench import common  # noqa: E402
 from bench.common import Server, make_line, percentile  # noqa: E402
 from bench.ingest_throughput import _send_all  # noqa: E402
-from ingest import reads, store  # noqa: E402
-from ingest.streams import StreamIndex  # noqa: E402
+from ingest.db import reads, store  # noqa: E402
+from ingest.db.seqindex import StreamIndex  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_TAIL_ROWS", "10000000"))
 REQUESTS = int(os.environ.get("BENCH_TAIL_REQUESTS", "2000"))

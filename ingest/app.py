@@ -8,16 +8,16 @@ import logging
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from ingest import forward, otlpgrpc
+from ingest.web import forward, otlp_grpc as otlpgrpc
 from ingest.auth import InstanceRateLimiter, SharedTokens, TokenBook, build_auth_middleware
 from ingest.budget import MemoryBudget
 from ingest.config import Settings
-from ingest.core import Core
-from ingest.handlers import admin, health, hosts, otlp, page, push, query, read
-from ingest.handlers import queries as query_files, search as search_handlers
-from ingest.handlers.http import build_body_middleware, build_error_middleware, close_after_unread_body
-from ingest.keys import BUDGET, CORE, DB, ENROLL_LIMITER, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
-from ingest.observe import IngestMetrics, LiveStateCollector
+from ingest.db.database import Core
+from ingest.web import instances as admin, health, hosts, otlp, page, push, query, logs as read
+from ingest.web import queries as query_files, search as search_handlers
+from ingest.web.http import build_body_middleware, build_error_middleware, close_after_unread_body
+from ingest.web.keys import BUDGET, CORE, DB, ENROLL_LIMITER, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
+from ingest.metrics import IngestMetrics, LiveStateCollector
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ data, /metrics); the admin token does everything (operator verdicts, executing d
 an unknown token → 401. Tokens are compared as SHA-256 digests in constant time and never logged.
 With no token configured everything is open, and the server only binds to loopback.
 
-In lake mode every node serves every instance's pushes (ingest/forward.py), so an instance token
+In lake mode every node serves every instance's pushes (ingest/web/forward.py), so an instance token
 issued or revoked on one node must hold on all of them: ``SharedTokens`` looks a token this node
 has not seen up in PostgreSQL before refusing it, and polls PostgreSQL for re-issued tokens to drop
 the revoked ones it had cached. Single-file mode has no SharedTokens: a dictionary lookup, as before.

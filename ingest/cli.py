@@ -187,9 +187,9 @@ def serve(args: dict) -> int:
 
 def _serve_app(app, settings: config.Settings) -> None:
     """The listener: a cap on open connections, header, body and idle timeouts, rate-limited logs."""
-    from ingest import listener
-    from ingest.keys import METRICS
-    from ingest.observe import LiveStateCollector
+    from ingest.web import listener
+    from ingest.web.keys import METRICS
+    from ingest.metrics import LiveStateCollector
 
     from ingest.budget import tune_allocator
 
@@ -298,9 +298,9 @@ def _policy_via_server(client: Client, once: bool, execute: bool, fmt: str, inte
 async def _policy_local(settings: config.Settings, once: bool, execute: bool, fmt: str) -> int:
     from prometheus_client import CollectorRegistry
 
-    from ingest import reads
-    from ingest.core import Core
-    from ingest.observe import IngestMetrics
+    from ingest.db import reads
+    from ingest.db.database import Core
+    from ingest.metrics import IngestMetrics
 
     core = Core.open(settings, IngestMetrics(CollectorRegistry()))
     try:
@@ -330,13 +330,13 @@ def _query_file(name: str, queries_dir: Path) -> Path:
     path = Path(name)
     if path.exists() or "/" in name:
         return path
-    from ingest import queryfiles
+    from ingest.db import sqlfiles as queryfiles
 
     return queryfiles.find(name.removesuffix(".sql"), queries_dir)
 
 
 def query(args: dict) -> int:
-    from ingest import queryfiles
+    from ingest.db import sqlfiles as queryfiles
     from ingest.errors import QueryError, QueryTimeout
 
     if bool(args["sql"]) == bool(args["file"]):
@@ -380,7 +380,7 @@ def query(args: dict) -> int:
 def _query_local(settings: config.Settings, sql: str, given: dict) -> tuple[list[str], list[list]]:
     import duckdb
 
-    from ingest import queryfiles, reads
+    from ingest.db import sqlfiles as queryfiles, reads
     from ingest.timestamps import utcnow
 
     params = queryfiles.bind(sql, given, {"now": utcnow(), "min_rate": settings.min_rate})

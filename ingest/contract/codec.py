@@ -36,7 +36,7 @@ from typing import Annotated, Any
 import msgspec
 import orjson
 
-from ingest import promnames
+from ingest.contract import promnames
 from ingest.errors import BadRequest, PayloadTooLarge
 from ingest.timestamps import datetime_to_us
 

@@ -7,7 +7,7 @@ cannot be mapped is rejected alone and counted in ``partial_success``; the rest 
 Metrics: gauge and sum points become samples of their name; histogram points become
 ``<name>_count`` and ``<name>_sum``; a point's attributes become the sample's labels. A ``DCGM_FI_*``
 point (exposed on /metrics) whose name or attribute keys break Prometheus's naming rules, keys
-translated as Prometheus's OTLP receiver does (``ingest/promnames.py``), is rejected alone.
+translated as Prometheus's OTLP receiver does (``ingest/contract/promnames.py``), is rejected alone.
 
 The instance id, source and run_id follow the one id rule (``codec.check_id``; a source the source
 rule, ``codec.check_source``, as in every other push): a present but
@@ -34,8 +34,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingest import promnames
-from ingest.codec import MAX_SEQ, Caps, LogChunk, MetricRows, check_id, check_source, truncate_line
+from ingest.contract import promnames
+from ingest.contract.codec import MAX_SEQ, Caps, LogChunk, MetricRows, check_id, check_source, truncate_line
 from ingest.errors import BadRequest
 
 INSTANCE_ATTR = "service.instance.id"

@@ -1,6 +1,6 @@
 """Prometheus's naming rules, for the GPU samples that /metrics exposes under their own names.
 
-Samples named ``DCGM_FI_*`` (DCGM-exporter's names) feed the GPU gauges (``ingest/fleetgauges.py``):
+Samples named ``DCGM_FI_*`` (DCGM-exporter's names) feed the GPU gauges (``ingest/db/gauges.py``):
 their name becomes a metric name and their labels become label names and values. Prometheus refuses
 a whole scrape over one bad name, so these rules hold at every door and again at the exposition:
 

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import orjson
 
-from ingest import reads
+from ingest.db import reads
 from ingest.errors import PayloadTooLarge, QueryTimeout
 
 SLICE_BYTES = 1 << 20  # rendered bytes aimed at per slice: the rows per fetch follow the rows' width
@@ -42,7 +42,7 @@ class Answer:
     content_type: str
 
 
-def _dumps(value: Any) -> bytes:  # as ingest.handlers.http.dumps, which renders every other answer
+def _dumps(value: Any) -> bytes:  # as ingest.web.http.dumps, which renders every other answer
     return orjson.dumps(value, default=str, option=orjson.OPT_NAIVE_UTC | orjson.OPT_NON_STR_KEYS)
 
 

@@ -14,35 +14,35 @@ import duckdb
 import functools
 from typing import TYPE_CHECKING, Any
 
-from ingest import store, tokens
-from ingest.actuator import build_actuator
+from ingest.db import store, searchtokens as tokens
+from ingest.policy.actuator import build_actuator
 from ingest.config import Settings
-from ingest.fleetgauges import FleetCollector, GpuCollector
-from ingest.observe import IngestMetrics, LiveStateCollector
-from ingest.policy import CycleReport, PolicyEngine, PolicyParams, load_rules, store_settings
-from ingest.queryfiles import compose
-from ingest.reader import Reader
-from ingest.streams import StreamIndex
-from ingest.tailcache import TailCache
-from ingest.writer import Writer
+from ingest.db.gauges import FleetCollector, GpuCollector
+from ingest.metrics import IngestMetrics, LiveStateCollector
+from ingest.policy.engine import CycleReport, PolicyEngine, PolicyParams, load_rules, store_settings
+from ingest.db.sqlfiles import compose
+from ingest.db.reader import Reader
+from ingest.db.seqindex import StreamIndex
+from ingest.db.tailcache import TailCache
+from ingest.db.writer import Writer
 
 if TYPE_CHECKING:  # lake mode only: its packages are the 'lake' extra, imported when it is on
-    from ingest.slots import Slots
+    from ingest.db.lake.slots import Slots
 
 logger = logging.getLogger(__name__)
 
 
 def _open_storage(settings: Settings) -> duckdb.DuckDBPyConnection:
-    """The single DuckDB file, or in lake mode the lake and its PostgreSQL (ingest/lake.py)."""
+    """The single DuckDB file, or in lake mode the lake and its PostgreSQL (ingest/db/lake/storage.py)."""
     if settings.lake:
-        from ingest import lake
+        from ingest.db.lake import storage as lake
 
         return lake.open_lake(settings.lake, settings.lake_data, settings.duckdb_memory_limit_mb)
     return store.open_database(settings.db, settings.duckdb_memory_limit_mb, settings.duckdb_threads)
 
 
 def _slots(settings: Settings) -> Slots:
-    from ingest.slots import Slots
+    from ingest.db.lake.slots import Slots
 
     node_id = settings.node_id or f"{settings.host}:{settings.port}"
     url = settings.advertise_url or f"http://{settings.host}:{settings.port}"
@@ -50,7 +50,7 @@ def _slots(settings: Settings) -> Slots:
 
 
 def _lake_write_batch(slots: Slots):
-    from ingest import lake, lakejobs
+    from ingest.db.lake import storage as lake, jobs as lakejobs
 
     return functools.partial(lake.write_batch, fence=lake.slot_fence(slots), window=lakejobs.DeleteWindow(slots.dsn))
 
@@ -58,7 +58,7 @@ def _lake_write_batch(slots: Slots):
 def _lake_jobs(core: "Core") -> None:
     """Lake mode: retention carried out in the delete window; maintenance on a timer, one node at a
     time, on a DuckDB instance of its own (a DuckLake error there cannot invalidate the node's)."""
-    from ingest import lake, lakejobs
+    from ingest.db.lake import storage as lake, jobs as lakejobs
 
     settings, slots = core.settings, core.slots
     lakejobs.carry_out_retention_in_window(core.policy, slots.dsn)
@@ -93,8 +93,8 @@ class Core:
     policy: PolicyEngine
     hosts_sql: str  # queries/hosts.sql with host_performance in front
     settings: Settings
-    slots: Slots | None = None  # lake mode: which instances this node owns (ingest/slots.py)
-    maintenance: Any = None  # lake mode: an ingest.lakejobs.Maintenance, when its interval is set
+    slots: Slots | None = None  # lake mode: which instances this node owns (ingest/db/lake/slots.py)
+    maintenance: Any = None  # lake mode: an ingest.db.lake.jobs.Maintenance, when its interval is set
 
     @classmethod
     def open(cls, settings: Settings, metrics: IngestMetrics) -> "Core":
@@ -201,7 +201,7 @@ class Core:
     def adopt_slots(self, taken: set[int]) -> None:
         """Lake mode, on the lease thread, before a slot taken over is served: its instances' seq
         ranges are read again from the lake (the previous owner's last commits included)."""
-        from ingest.slots import slot_of
+        from ingest.db.lake.slots import slot_of
 
         fresh = StreamIndex()
         cursor = self.reader.cursor()

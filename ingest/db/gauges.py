@@ -3,7 +3,7 @@
 So that Grafana can draw the fleet through Prometheus: instances by state, best benchmark rate per
 machine, bad and eligible machines, failed runs by class, failed instances by phase, instances with
 incomplete logs, decisions by action and state, and the free space of the database's volume. Each
-scrape runs a few small queries on a cursor of the Reader (``ingest/reader.py``), with a deadline.
+scrape runs a few small queries on a cursor of the Reader (``ingest/db/reader.py``), with a deadline.
 "Failed", "hung" and "logs complete" are the views of migration 005 (bench_outcomes, instance_phase,
 instance_logs), the same definitions the rules, the canned questions and the read API use.
 """
@@ -21,11 +21,12 @@ from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ingest import promnames, reads
+from ingest.contract import promnames
+from ingest.db import reads
 from ingest.timestamps import utcnow
 
 if TYPE_CHECKING:
-    from ingest.reader import Reader
+    from ingest.db.reader import Reader
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class GpuCollector(Collector):
     samples received in the last ``window_s``; a killed or silent instance drops out.
 
     Bounded and valid whatever is stored: at most ``max_series_per_instance`` series per instance and
-    ``max_series`` in all; names and labels that break Prometheus's rules (``ingest/promnames.py``;
+    ``max_series`` in all; names and labels that break Prometheus's rules (``ingest/contract/promnames.py``;
     the doors refuse them, rows stored before may hold them) and series that render the same as another
     are left out. Each series left out of a scrape counts in ``fleetlog_gpu_series_dropped_total``
     {reason} at that scrape, yielded after the gauges so that a scrape shows its own drops."""

@@ -6,7 +6,7 @@ admission: each kind of read has its own threads. The page's and agents' reads r
 SQL (the SQL API) on a small pool of its own (``query_max_concurrent``) and fleet-wide searches on
 another (``search_max_concurrent``); beyond either, 429 with Retry-After, so slow SQL queries or
 searches never starve the instance list. User SQL is checked and runs read-only, always rolled back
-(``ingest/reads.py``); its answer is rendered on its thread, bounded in bytes (``ingest/answers.py``).
+(``ingest/db/reads.py``); its answer is rendered on its thread, bounded in bytes (``ingest/db/answers.py``).
 ``close`` interrupts what still runs, waits for it, then closes; ``suspend`` and ``resume`` do the
 same around a reopen of the database (see ``Core.recover``).
 """
@@ -23,11 +23,11 @@ from typing import Any, Callable
 
 import duckdb
 
-from ingest import answers, reads, search
+from ingest.db import answers, reads, search
 from ingest.errors import StorageUnavailable, TooManyQueries
-from ingest.observe import IngestMetrics
-from ingest.streams import StreamIndex
-from ingest.tailcache import TailCache
+from ingest.metrics import IngestMetrics
+from ingest.db.seqindex import StreamIndex
+from ingest.db.tailcache import TailCache
 
 logger = logging.getLogger(__name__)
 

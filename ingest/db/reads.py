@@ -1,6 +1,6 @@
 """Read queries: each runs on its own cursor of the server's connection, with a deadline.
 
-Called by ``ingest.reader.Reader`` on its threads; a query past ``timeout_s`` is interrupted
+Called by ``ingest.db.reader.Reader`` on its threads; a query past ``timeout_s`` is interrupted
 (datasette's ``sqlite_timelimit``, with ``cursor.interrupt``) and raises QueryTimeout.
 
 User SQL (the SQL API, ``fleetlog query``) is judged before it runs and cannot change anything:
@@ -27,10 +27,10 @@ from typing import Any, Iterator
 import duckdb
 import orjson
 
-from ingest.codec import MAX_EVENT_DEPTH, nests_deeper
+from ingest.contract.codec import MAX_EVENT_DEPTH, nests_deeper
 from ingest.errors import QueryError, QueryTimeout, StorageUnavailable
-from ingest.streams import TailBounds
-from ingest.tailcache import TailRow
+from ingest.db.seqindex import TailBounds
+from ingest.db.tailcache import TailRow
 from ingest.timestamps import datetime_to_us
 
 logger = logging.getLogger(__name__)
@@ -447,7 +447,7 @@ def user_select(con, sql: str, timeout_s: float) -> Iterator[duckdb.DuckDBPyConn
 def run_select(con, sql: str, timeout_s: float, max_rows: int, params: dict[str, Any] | None = None
                ) -> tuple[list[str], list[tuple], bool]:
     """Run a checked SELECT; returns (columns, rows, truncated): for ``fleetlog query`` on a local
-    file. The server's SQL API answers through ``ingest/answers.py``, bounded in bytes."""
+    file. The server's SQL API answers through ``ingest/db/answers.py``, bounded in bytes."""
     check_select(sql)
     with user_select(con, sql, timeout_s) as cur:
         cur.execute(sql, params or None)

@@ -3,7 +3,7 @@
 ``search`` runs on its own cursor with a deadline (like every read); the window ``[since_us,
 until_us)`` keeps it to the row groups whose ``ts`` can match (DuckDB's min/max zone maps), so the
 cost follows the window, not the table; and the window is searched newest part first, stopping at
-``limit`` hits. With the token filter (``ingest/tokens.py``, file mode) only the time ranges of the
+``limit`` hits. With the token filter (``ingest/db/searchtokens.py``, file mode) only the time ranges of the
 blocks that hold every letter trigram of the text are scanned, newest first, so a rare phrase costs
 its hits' blocks and text found nowhere costs the blocks table; a regular expression, or text with
 no trigram, scans the window as before, and the answer's plan says which. Text is matched case-insensitively as a plain substring, or
@@ -19,9 +19,9 @@ from typing import Any
 
 import duckdb
 
-from ingest import tokens
+from ingest.db import searchtokens as tokens
 from ingest.errors import QueryError
-from ingest.reads import deadline_cursor
+from ingest.db.reads import deadline_cursor
 from ingest.timestamps import datetime_to_us
 
 DEFAULT_LIMIT = 100

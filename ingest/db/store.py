@@ -1,7 +1,7 @@
 """The DuckDB file: opening it, numbered migrations, and the statements the writer commits.
 
 Only the writer thread calls ``write_batch`` (on the one write connection). Every read goes through
-``ingest/reader.py`` (a cursor per call).
+``ingest/db/reader.py`` (a cursor per call).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import duckdb
 import orjson
 import pyarrow as pa
 
-from ingest.codec import Event, MetricRows
+from ingest.contract.codec import Event, MetricRows
 from ingest.errors import StoreError
 
 logger = logging.getLogger(__name__)
@@ -48,9 +48,9 @@ METRIC_SCHEMA = pa.schema(
 
 
 def migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) for every file ``ingest/migrations/NNN_name.sql``, in order."""
+    """(version, name, sql) for every file ``ingest/db/migrations/NNN_name.sql``, in order."""
     out = []
-    for entry in resources.files("ingest").joinpath("migrations").iterdir():
+    for entry in resources.files("ingest.db").joinpath("migrations").iterdir():
         if entry.name.endswith(".sql"):
             number, _, name = entry.name.removesuffix(".sql").partition("_")
             out.append((int(number), name, entry.read_text()))
@@ -203,7 +203,7 @@ def write_batch(
     what each action returned (actions run last, inside the same transaction).
 
     ``instances`` maps every instance seen in the batch to its newest timestamp (for last_seen).
-    ``blocks`` (an ``ingest.tokens.BlockWriter``, file mode) writes the token filter of the log rows in
+    ``blocks`` (an ``ingest.db.searchtokens.BlockWriter``, file mode) writes the token filter of the log rows in
     the same transaction; the caller tells it whether the commit held.
     Everything happens in one transaction: on error it is rolled back and StoreError raised.
     """

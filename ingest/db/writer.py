@@ -15,7 +15,7 @@ acknowledged is lost, since only committed rows were ever acknowledged and the i
 rebuilt from the reopened file. Actions with ``after_commit`` commit alone, and their
 ``after_commit`` runs on this thread right after, before any other request is staged.
 
-Staging costs a few dict lookups per stream whatever the instance holds already (ingest/streams.py).
+Staging costs a few dict lookups per stream whatever the instance holds already (ingest/db/seqindex.py).
 A request that would take an instance past ``max_streams_per_instance`` streams, counting those
 stored and those opened by the requests staged before it in the group, is refused whole (413) and
 stages nothing: here, where the commits are serial, so concurrent pushes cannot overshoot the cap.
@@ -38,12 +38,12 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from ingest import store
-from ingest.codec import Event, LogChunk, MetricRows
+from ingest.db import store
+from ingest.contract.codec import Event, LogChunk, MetricRows
 from ingest.errors import Overloaded, PayloadTooLarge, StorageUnavailable, StoreError
-from ingest.observe import IngestMetrics
-from ingest.streams import StreamIndex, StreamKey
-from ingest.tailcache import TailCache, TailKey, TailRow
+from ingest.metrics import IngestMetrics
+from ingest.db.seqindex import StreamIndex, StreamKey
+from ingest.db.tailcache import TailCache, TailKey, TailRow
 from ingest.timestamps import now_us
 
 logger = logging.getLogger(__name__)
@@ -107,9 +107,9 @@ class Writer:
         retry_after_s: int,
         reopen: Callable[[], duckdb.DuckDBPyConnection] | None = None,
         db_path: str | None = None,
-        write_batch: Callable[..., tuple[list[bool], list[Any]]] | None = None,  # lake mode: ingest.lake's
+        write_batch: Callable[..., tuple[list[bool], list[Any]]] | None = None,  # lake mode: ingest.db.lake.storage's
         max_streams_per_instance: int | None = None,  # None: no cap
-        blocks: Any = None,  # an ingest.tokens.BlockWriter: the search's token filter, in each commit (file mode)
+        blocks: Any = None,  # an ingest.db.searchtokens.BlockWriter: the search's token filter, in each commit (file mode)
     ) -> None:
         self._blocks = blocks
         self._max_streams_per_instance = max_streams_per_instance
@@ -311,7 +311,7 @@ class Writer:
                     _resolve(request, error=Overloaded(f"the database is out of memory ({e}); retry later",
                                                        retry_after_s=self.retry_after_s))
                 return
-            if isinstance(e.__cause__, Overloaded):  # lake mode: a slot moved to another node (ingest/slots.py)
+            if isinstance(e.__cause__, Overloaded):  # lake mode: a slot moved to another node (ingest/db/lake/slots.py)
                 for request in batch:
                     _resolve(request, error=e.__cause__)
                 return

@@ -14,8 +14,8 @@ import shlex
 import string
 from typing import Any, Protocol
 
-from ingest.codec import check_id
-from ingest.notify import WebhookUnreachable, post_json
+from ingest.contract.codec import check_id
+from ingest.policy.notify import WebhookUnreachable, post_json
 
 logger = logging.getLogger(__name__)
 

@@ -57,16 +57,16 @@ from typing import Any, Callable
 import duckdb
 import orjson
 
-from ingest.actuator import ActuationError, Actuator
-from ingest.codec import Event
+from ingest.policy.actuator import ActuationError, Actuator
+from ingest.contract.codec import Event
 from ingest.errors import ConfigError, QueryError
-from ingest.notify import Notifier
-from ingest.observe import IngestMetrics
-from ingest.reads import check_select, deadline_cursor
-from ingest.streams import StreamIndex
-from ingest.tailcache import TailCache
+from ingest.policy.notify import Notifier
+from ingest.metrics import IngestMetrics
+from ingest.db.reads import check_select, deadline_cursor
+from ingest.db.seqindex import StreamIndex
+from ingest.db.tailcache import TailCache
 from ingest.timestamps import now_us, utcnow
-from ingest.writer import Writer
+from ingest.db.writer import Writer
 
 logger = logging.getLogger(__name__)
 
@@ -365,7 +365,7 @@ class PolicyEngine:
 
     async def delete_logs(self, instance_id: str, after_commit: Callable[[], None]) -> None:
         """The retention rule carried out: the instance's logs and metrics deleted through the writer.
-        Lake mode carries it out in its delete window instead (ingest/lake.py, wired by ingest/core.py)."""
+        Lake mode carries it out in its delete window instead (ingest/db/lake/storage.py, wired by ingest/db/database.py)."""
         await self.writer.execute(lambda con: _delete_logs(con, instance_id), kind="policy", after_commit=after_commit)
 
     async def _destroy(self, decision: dict[str, Any], report: CycleReport) -> bool:
@@ -563,7 +563,7 @@ def _store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple[Rule, t
     columns = list(zip(*(k + v for k, v in fresh.items())))
     names, shas, subject_ids, actions, reasons, evidences, episodes, expires, states = (
         columns[0], columns[3], columns[1], columns[4], columns[5], columns[6], columns[2], columns[7], columns[8])
-    # no RETURNING and no ON CONFLICT: lake mode's decisions table is PostgreSQL's (ingest/lake.py), and
+    # no RETURNING and no ON CONFLICT: lake mode's decisions table is PostgreSQL's (ingest/db/lake/storage.py), and
     # DuckDB's postgres scanner stores only the first row of an INSERT ... SELECT ... ON CONFLICT DO NOTHING
     con.execute(
         """INSERT INTO decisions (rule, rule_sha, subject, action, reason, evidence, episode, decided_at, expires_at,

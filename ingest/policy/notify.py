@@ -6,7 +6,7 @@ A notification never blocks a policy cycle: ``send`` schedules the POST and retu
 non-2xx), ``fleetlog_policy_notifications_dropped_total{reason}`` is incremented and a warning
 logged. ``close`` waits (bounded) for those in flight at shutdown.
 
-``post_json`` is the one webhook client: the notifier and the webhook actuator (``ingest/actuator.py``)
+``post_json`` is the one webhook client: the notifier and the webhook actuator (``ingest/policy/actuator.py``)
 both POST through it.
 """
 

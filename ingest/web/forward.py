@@ -1,7 +1,7 @@
 """Lake mode: a push for an instance this node does not own goes to the node that does.
 
 Agents and OpenTelemetry senders may point at any node (a plain load balancer in front). Every push
-path is routed by the instance each part of it names (ingest/slots.py says which node owns it):
+path is routed by the instance each part of it names (ingest/db/lake/slots.py says which node owns it):
 
 - ``/api/v1/logs``, ``/api/v1/events``, ``/api/v1/metrics`` (JSON): split by owner, each part
   rebuilt as a body of the same shape;
@@ -12,7 +12,7 @@ path is routed by the instance each part of it names (ingest/slots.py says which
 - ``/v1/logs``, ``/v1/metrics`` (OTLP/HTTP, protobuf or JSON): the request's resources split by
   their ``service.instance.id``, each part sent as protobuf; the replies' ``partial_success`` merged
   and answered in the client's content type;
-- OTLP/gRPC (ingest/otlpgrpc.py): split the same way, each other part POSTed to the owner's
+- OTLP/gRPC (ingest/web/otlp_grpc.py): split the same way, each other part POSTed to the owner's
   ``/v1/logs`` or ``/v1/metrics`` as protobuf.
 
 A request split across owners is refused whole, as one node would refuse it, before any part is
@@ -53,13 +53,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingest import otlp
+from ingest.contract import otlp
 from ingest.auth import OPEN, PRINCIPAL, Principal, check_instances
-from ingest.codec import Caps, check_id
+from ingest.contract.codec import Caps, check_id
 from ingest.errors import BadRequest, Overloaded
-from ingest.handlers.http import PRELOADED_BODY, json_response, read_body
-from ingest.handlers.push import refuse_known
-from ingest.keys import OTLP_MESSAGE, SETTINGS
+from ingest.web.http import PRELOADED_BODY, json_response, read_body
+from ingest.web.push import refuse_known
+from ingest.web.keys import OTLP_MESSAGE, SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def forward_session(timeout_s: float) -> aiohttp.ClientSession:
 
 def session_ctx(slots_of: Callable[[web.Application], Any], retry_after_s: int):
     """The app's Forwarder and its HTTP client session (lake mode only); ``slots_of(app)``: the
-    node's ingest.slots.Slots, once the core is open. A forward taking longer than
+    node's ingest.db.lake.slots.Slots, once the core is open. A forward taking longer than
     ``forward_timeout_s`` (an owner hung, not dead: its lease still live) is a 503 + Retry-After, so
     the client is not held for longer than its own timeout would wait."""
 
@@ -312,7 +312,7 @@ async def _whole(request: web.Request, handler, forwarder: Forwarder, instance_i
     return web.Response(body=reply, content_type="application/json")
 
 
-# -- OTLP (HTTP here, gRPC in ingest/otlpgrpc.py) -----------------------------------------------------
+# -- OTLP (HTTP here, gRPC in ingest/web/otlp_grpc.py) -----------------------------------------------------
 
 def otlp_count(message) -> int:
     """Log records or metric data points in an OTLP request (what the caps count)."""

@@ -9,9 +9,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ingest.auth import PUBLIC, requires
-from ingest.handlers.http import json_response
-from ingest.keys import CORE, DB, METRICS, SETTINGS, WRITER
-from ingest.writer import RECOVER_MIN_FREE_BYTES
+from ingest.web.http import json_response
+from ingest.web.keys import CORE, DB, METRICS, SETTINGS, WRITER
+from ingest.db.writer import RECOVER_MIN_FREE_BYTES
 
 
 @requires(PUBLIC)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ingest import codec
+from ingest.contract import codec
 from ingest.auth import ADMIN, requires
 from ingest.errors import BadRequest, NotFound
-from ingest.handlers.http import int_param, json_response, read_body
-from ingest.keys import CORE, DB, SETTINGS
+from ingest.web.http import int_param, json_response, read_body
+from ingest.web.keys import CORE, DB, SETTINGS
 from ingest.timestamps import utcnow
 
 MAX_VERDICT_BODY_BYTES = 64 * 1024

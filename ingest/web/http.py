@@ -35,7 +35,7 @@ class BodyRules:
 
 
 BODY = web.RequestKey("body_rules", BodyRules)
-PRELOADED_BODY = web.RequestKey("preloaded_body", bytes)  # lake mode: read (and split) by ingest/forward.py
+PRELOADED_BODY = web.RequestKey("preloaded_body", bytes)  # lake mode: read (and split) by ingest/web/forward.py
 
 
 def dumps(value: Any) -> bytes:

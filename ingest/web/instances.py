@@ -8,11 +8,11 @@ import logging
 
 from aiohttp import web
 
-from ingest import store
+from ingest.db import store
 from ingest.auth import ADMIN, requires
 from ingest.errors import BadRequest, NotFound
-from ingest.handlers.http import int_param, json_response
-from ingest.keys import CORE, DB
+from ingest.web.http import int_param, json_response
+from ingest.web.keys import CORE, DB
 
 logger = logging.getLogger(__name__)
 

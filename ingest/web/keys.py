@@ -7,12 +7,12 @@ from aiohttp import web
 from ingest.auth import InstanceRateLimiter, TokenBook
 from ingest.budget import MemoryBudget
 from ingest.config import Settings
-from ingest.core import Core
-from ingest.observe import IngestMetrics
-from ingest.reader import Reader
-from ingest.streams import StreamIndex
-from ingest.tailcache import TailCache
-from ingest.writer import Writer
+from ingest.db.database import Core
+from ingest.metrics import IngestMetrics
+from ingest.db.reader import Reader
+from ingest.db.seqindex import StreamIndex
+from ingest.db.tailcache import TailCache
+from ingest.db.writer import Writer
 
 SETTINGS = web.AppKey("settings", Settings)
 CORE = web.AppKey("core", Core)

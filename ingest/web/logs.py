@@ -10,8 +10,8 @@ import time
 from aiohttp import web
 
 from ingest.errors import BadRequest, NotFound
-from ingest.handlers.http import dumps, int_param, json_response
-from ingest.keys import CORE, DB
+from ingest.web.http import dumps, int_param, json_response
+from ingest.web.keys import CORE, DB
 from ingest.timestamps import ts_to_iso
 
 MAX_TAIL = 10_000

@@ -1,18 +1,18 @@
 """OTLP/HTTP: ``POST /v1/logs`` and ``POST /v1/metrics``, protobuf or JSON, gzip accepted.
 
-In lake mode ingest/forward.py has parsed the request already and leaves this node's part of it
+In lake mode ingest/web/forward.py has parsed the request already and leaves this node's part of it
 (the resources of the instances it owns) under ``OTLP_MESSAGE``."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from ingest import otlp
+from ingest.contract import otlp
 from ingest.errors import BadRequest
 from ingest.auth import PUSH, requires
-from ingest.handlers.http import read_body
-from ingest.handlers.push import admit, caps_of
-from ingest.keys import OTLP_MESSAGE, SETTINGS, WRITER
+from ingest.web.http import read_body
+from ingest.web.push import admit, caps_of
+from ingest.web.keys import OTLP_MESSAGE, SETTINGS, WRITER
 from ingest.timestamps import now_us
 
 

@@ -7,7 +7,7 @@ writer or a spent memory budget → UNAVAILABLE (OTLP exporters retry the last t
 (lines, streams) or a malformed id → INVALID_ARGUMENT (not retried: the same request would fail again).
 
 In lake mode (a ``Forwarder``) the resources of instances another node owns are POSTed to that node's
-``/v1/logs`` or ``/v1/metrics`` as protobuf (ingest/forward.py) after this node's part is committed;
+``/v1/logs`` or ``/v1/metrics`` as protobuf (ingest/web/forward.py) after this node's part is committed;
 the reply waits for every owner's 200, and an owner that refuses or cannot be reached makes the whole
 export fail with the status mapped here (unreachable: UNAVAILABLE, which exporters retry).
 """
@@ -21,14 +21,14 @@ import orjson
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 
-from ingest import otlp
+from ingest.contract import otlp
 from ingest.budget import Charge, MemoryBudget
-from ingest.codec import Caps
+from ingest.contract.codec import Caps
 from ingest.auth import PUSH, InstanceRateLimiter, TokenBook, check_instances, check_role
 from ingest.errors import RequestError, port_unavailable
-from ingest.forward import Forwarder, merge_otlp, post_otlp, split_otlp
+from ingest.web.forward import Forwarder, merge_otlp, post_otlp, split_otlp
 from ingest.timestamps import now_us
-from ingest.writer import Writer
+from ingest.db.writer import Writer
 
 logger = logging.getLogger(__name__)
 

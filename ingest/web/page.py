@@ -1,6 +1,6 @@
 """The built-in page: ``GET /`` (index.html) and ``GET /static/{name}`` (its scripts and styles).
 
-Plain files shipped in ``ingest/static/``, no build step. They are read once when the app is
+Plain files shipped in ``ingest/web/static/``, no build step. They are read once when the app is
 built and served from memory with an ETag. The page talks to the server only through the public
 HTTP API; the one thing it cannot read there, the server's ``min_rate``, is written into the
 index as a ``<meta>`` tag. Every page response carries a Content-Security-Policy that allows
@@ -18,9 +18,9 @@ from aiohttp import web
 
 from ingest.auth import PUBLIC, requires
 from ingest.errors import NotFound
-from ingest.keys import SETTINGS
+from ingest.web.keys import SETTINGS
 
-STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",

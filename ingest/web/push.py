@@ -10,18 +10,19 @@ the instance otherwise; nothing is written), at most ``enroll_max_ids_per_reques
 ``enroll_max_per_s`` per node (429), except that the same ``Idempotency-Key`` gets the same answer
 again; an admin declares the ids it creates (``POST /api/v1/admin/instances``) and re-issues an
 instance's token with ``POST /api/v1/instances/{id}/token``, which revokes every earlier one. What
-an enrollment vouches for, and why, is ingest/enrollment.py's docstring.
+an enrollment vouches for, and why, is ingest/db/enrollment.py's docstring.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from ingest import codec, enrollment
+from ingest.contract import codec
+from ingest.db import enrollment
 from ingest.auth import ADMIN, OPEN, PRINCIPAL, PUSH, Principal, check_instances, known_instances, requires, write_instance_token
 from ingest.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge
-from ingest.handlers.http import json_response, read_body
-from ingest.keys import DB, ENROLL_LIMITER, LIMITER, SETTINGS, TOKENS, WRITER
+from ingest.web.http import json_response, read_body
+from ingest.web.keys import DB, ENROLL_LIMITER, LIMITER, SETTINGS, TOKENS, WRITER
 from ingest.timestamps import now_us
 
 
@@ -201,7 +202,7 @@ async def refuse_identity_change(request: web.Request, instance_id: str, events:
 @requires(ADMIN)
 async def post_admin_instances(request: web.Request) -> web.Response:
     """The deployer declares the ids it created: ``{"instance_ids": [...]}``. Their enrollment by the
-    shared token is then vouched for (see ingest/enrollment.py)."""
+    shared token is then vouched for (see ingest/db/enrollment.py)."""
     settings = request.app[SETTINGS]
     doc = await _json(request)
     ids = doc.get("instance_ids") if isinstance(doc, dict) else None

@@ -11,9 +11,9 @@ import asyncio
 
 from aiohttp import web
 
-from ingest import queryfiles
-from ingest.handlers.http import json_response
-from ingest.keys import SETTINGS
+from ingest.db import sqlfiles as queryfiles
+from ingest.web.http import json_response
+from ingest.web.keys import SETTINGS
 
 
 async def get_queries(request: web.Request) -> web.Response:

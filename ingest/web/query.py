@@ -1,8 +1,8 @@
 """``POST /api/v1/query``: one read-only SELECT → columns and rows (JSON, CSV or an Arrow IPC stream).
 
-The Reader checks the SQL and runs it read-only, always rolled back (``ingest/reads.py``), and renders
+The Reader checks the SQL and runs it read-only, always rolled back (``ingest/db/reads.py``), and renders
 its answer on its own thread, at most ``query_max_rows`` rows and ``query_max_result_bytes`` bytes
-(413 beyond, ``ingest/answers.py``). The answer is held against the memory budget until it is sent."""
+(413 beyond, ``ingest/db/answers.py``). The answer is held against the memory budget until it is sent."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import asyncio
 
 from aiohttp import web
 
-from ingest import codec
+from ingest.contract import codec
 from ingest.budget import ResultCharge
 from ingest.errors import BadRequest
-from ingest.handlers.http import read_body
-from ingest.keys import BUDGET, DB, METRICS, SETTINGS
-from ingest import queryfiles
+from ingest.web.http import read_body
+from ingest.web.keys import BUDGET, DB, METRICS, SETTINGS
+from ingest.db import sqlfiles as queryfiles
 from ingest.timestamps import utcnow
 
 MAX_QUERY_BODY_BYTES = 1024 * 1024

@@ -1,7 +1,7 @@
 """``GET /api/v1/search?q=&regex=0|1&since=&until=&source=&instance=&limit=``: log lines across the fleet.
 
 Answers ``{"hits": [{"instance_id", "source", "run_id", "seq", "ts", "line"}], "truncated", "scanned"}``,
-newest first; ``scanned`` is the plan (``ingest.tokens.Plan``: whether the token filter pruned, how many
+newest first; ``scanned`` is the plan (``ingest.db.searchtokens.Plan``: whether the token filter pruned, how many
 blocks the window holds and how many were admitted). ``since`` and ``until`` are a duration back from now (``90s``, ``30m``, ``24h``, ``7d``), epoch
 seconds or ISO-8601; ``since`` defaults to 24 hours ago, ``until`` to now. ``limit`` (default 100) is
 capped at 1000. The read token suffices.
@@ -13,11 +13,11 @@ import re
 
 from aiohttp import web
 
-from ingest import search
-from ingest.codec import parse_ts
+from ingest.db import search
+from ingest.contract.codec import parse_ts
 from ingest.errors import BadRequest
-from ingest.handlers.http import int_param, json_response
-from ingest.keys import DB
+from ingest.web.http import int_param, json_response
+from ingest.web.keys import DB
 from ingest.timestamps import now_us, ts_to_iso
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")

@@ -18,7 +18,7 @@ committed beside one writer here; tests/test_lake_retention.py shows it through 
 
 Maintenance: every node runs a ``Maintenance`` thread; a pass runs only on the node that takes
 ``MAINTENANCE_LOCK_KEY`` (``pg_try_advisory_lock``: nobody waits) and finds the lake's last pass
-(table ``fleetlog_maintenance``, one row per pass, created by ingest/slots.py) at least ``interval_s`` old, so the lake is
+(table ``fleetlog_maintenance``, one row per pass, created by ingest/db/lake/slots.py) at least ``interval_s`` old, so the lake is
 maintained every ``interval_s`` by one node at a time, whichever nodes are alive. Appends do not
 conflict with a merge, a snapshot expiry or a file clean-up; the sort order that the merge follows is
 set once, when the lake is created (``lake._create_schema``: an ALTER conflicts with appends).
@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 import duckdb
 import psycopg
 
-from ingest import lake
+from ingest.db.lake import storage as lake
 from ingest.errors import Overloaded, StoreError
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class DeleteWindow:
 def carry_out_retention_in_window(policy, pg_dsn: str, wait_s: float = 600.0) -> None:
     """Lake mode: the policy engine's ``delete_logs`` (the retention rule carried out) becomes the
     same DELETE as a ``lake.LakeAction``: after any maintenance pass in progress, in the window."""
-    from ingest.policy import _delete_logs  # the one statement of the rule's carrying out
+    from ingest.policy.engine import _delete_logs  # the one statement of the rule's carrying out
 
     session = PgSession(pg_dsn, wait_s)
     lock = threading.Lock()  # the session is used by one delete at a time
@@ -144,7 +144,7 @@ def forget_retired(index, tail, reader, instance_ids: set[str]) -> None:
     """Another node deleted these instances' lines (retention): what this node cached of them goes.
     The seq index takes what the lake holds of them now (usually nothing), so a line pushed after the
     delete is still known; the tail cache reloads on the next read."""
-    from ingest.streams import StreamIndex
+    from ingest.db.seqindex import StreamIndex
 
     cursor = reader.cursor()
     try:

@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS fleetlog_nodes (node_id text PRIMARY KEY, url text NO
 CREATE TABLE IF NOT EXISTS fleetlog_slots (
     slot integer PRIMARY KEY, owner text, url text, token bigint NOT NULL DEFAULT 0, expires_at timestamptz);
 INSERT INTO fleetlog_slots (slot) SELECT generate_series(0, {SLOTS - 1}) ON CONFLICT DO NOTHING;
--- one row per maintenance pass of the lake (ingest/lakejobs.py)
+-- one row per maintenance pass of the lake (ingest/db/lake/jobs.py)
 CREATE TABLE IF NOT EXISTS fleetlog_maintenance (
     node_id text NOT NULL, started_at timestamptz NOT NULL, finished_at timestamptz,
     files_before integer, files_after integer, error text);

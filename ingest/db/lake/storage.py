@@ -25,7 +25,7 @@ Invariants:
   acknowledged only after both; a failure between them leaves keyed rows that the client's retry
   finds again (counted as duplicates), never a log line twice (the seq index guards the lake).
 - The lake has no keys: uniqueness of a log line is the writer's seq index, as in file mode, which
-  holds only while one writer owns an instance (ingest/slots.py, when several nodes share a lake).
+  holds only while one writer owns an instance (ingest/db/lake/slots.py, when several nodes share a lake).
 - File access stays off for queries (``enable_external_access = false``) except the lake's own
   ``DATA_PATH`` (``allowed_directories``); the SQL guard refuses postgres_query and every other
   table function outside its allowlist, and the ``ducklake_*`` catalog tables by name.
@@ -48,8 +48,8 @@ import duckdb
 import psycopg
 import pyarrow as pa
 
-from ingest import store
-from ingest.codec import Event, MetricRows
+from ingest.db import store
+from ingest.contract.codec import Event, MetricRows
 from ingest.errors import Overloaded, StoreError
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ CREATE TABLE IF NOT EXISTS lake.metrics (
 # The order maintenance merges files into (tails read the newest lines of one stream).
 SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id, name, ts"}
 
-# The migrations (ingest/migrations/) whose tables PG_DDL and LAKE_DDL hold; their views are created
+# The migrations (ingest/db/migrations/) whose tables PG_DDL and LAKE_DDL hold; their views are created
 # from the files themselves. A new migration must be folded in here too (open_lake refuses to start
 # otherwise, so the two modes cannot drift apart silently).
 # 10 and 15 only (re)define views; 14 (log_blocks, the search's token filter) has no lake table: the
@@ -151,7 +151,7 @@ def _migration_views() -> list[str]:
     out = []
     for version, name, sql in store.migrations():
         if version not in LAKE_MIGRATIONS:
-            raise StoreError(f"lake: migration {version:03d}_{name} has no lake counterpart in ingest/lake.py")
+            raise StoreError(f"lake: migration {version:03d}_{name} has no lake counterpart in ingest/db/lake/storage.py")
         for statement in duckdb.extract_statements(sql):
             text = re.sub(r"^(\s*--[^\n]*\n|\s+)*", "", statement.query)  # the comments before it
             match = re.match(r"CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+(\w+)\s+AS\b", text, re.IGNORECASE)
@@ -284,7 +284,7 @@ Fence = Callable[[duckdb.DuckDBPyConnection, set[str]], None]
 
 class LakeAction:
     """A writer action that writes the lake (a retention DELETE), not PostgreSQL: ``write_batch`` runs
-    it in a lake transaction of its own, inside the delete window (ingest/lakejobs.py)."""
+    it in a lake transaction of its own, inside the delete window (ingest/db/lake/jobs.py)."""
 
     def __init__(self, action: Callable[[duckdb.DuckDBPyConnection], Any]) -> None:
         self.action = action
@@ -313,8 +313,8 @@ def write_batch(
 ) -> tuple[list[bool], list[Any]]:
     """``store.write_batch`` for the lake: PostgreSQL's part committed first, then each ``LakeAction``
     alone, then the lake's rows; with several nodes, ``fence`` checks inside each transaction that
-    this node still owns every instance written (ingest/slots.py) and raises Overloaded (503, the
-    client retries) when not, and ``window`` (an ingest.lakejobs.DeleteWindow) holds the lake's
+    this node still owns every instance written (ingest/db/lake/slots.py) and raises Overloaded (503, the
+    client retries) when not, and ``window`` (an ingest.db.lake.jobs.DeleteWindow) holds the lake's
     delete window shared around the rows' commit and exclusive around a LakeAction's."""
     fresh: list[bool] = []
     results: list[Any] = [None] * len(actions)
@@ -361,7 +361,7 @@ def write_batch(
 
 
 def slot_fence(slots) -> Fence:
-    """The fence of ``write_batch`` for a node holding ``slots`` (an ingest.slots.Slots)."""
+    """The fence of ``write_batch`` for a node holding ``slots`` (an ingest.db.lake.slots.Slots)."""
 
     def fence(con: duckdb.DuckDBPyConnection, instance_ids: set[str]) -> None:
         sql = slots.fence_sql(instance_ids)
@@ -421,7 +421,7 @@ def maintain(con: duckdb.DuckDBPyConnection, snapshot_keep_s: float = 3600.0) ->
     files sorted by stream (``SORTED_BY``: tails read few row groups), expire snapshots older than
     ``snapshot_keep_s`` and delete the files nothing references any more. Appends do not conflict
     with any of it; a retention delete does, so on several nodes this runs under the maintenance
-    lock (ingest/lakejobs.py). Returns the data file counts before and after.
+    lock (ingest/db/lake/jobs.py). Returns the data file counts before and after.
 
     Not ``ducklake_rewrite_data_files``: rows a retention delete removed stay in their files, masked
     by delete files. It was in the pass while DuckLake 1.5.5 raised the internal

@@ -1,5 +1,5 @@
 -- 001: the initial schema. Uniqueness of logs on (instance_id, source, run_id, seq) is enforced by
--- the single writer (ingest/streams.py keeps the stored seq ranges of every stream, rebuilt from this
+-- the single writer (ingest/db/seqindex.py keeps the stored seq ranges of every stream, rebuilt from this
 -- table at start-up) rather than by an ART index, which costs ~27% of insert speed and is not used
 -- by the tail query (see MEASUREMENTS.md).
 

@@ -10,7 +10,7 @@
 --   instance_phase  per instance: its lifecycle phase, and whether (and in which phase) it failed
 --   failures        every failure: a failed or hung benchmark run, a failed parameter fetch
 
--- The values the views compare against, written by the server at start-up (ingest/policy.py
+-- The values the views compare against, written by the server at start-up (ingest/policy/engine.py
 -- store_settings): min_rate (proofs/hour), bench_timeout_s (seconds).
 CREATE TABLE policy_settings (
     name    VARCHAR PRIMARY KEY,

@@ -5,10 +5,10 @@
 -- now come from json_each (a key is a value, never part of a path), a number outside BIGINT is
 -- TRY_CAST to NULL (it declares nothing), and the arithmetic on a declared seq cannot overflow.
 -- Names, columns and meanings are 005's; the server refuses such events at the door as well
--- (ingest/codec.py), and an admin can list and delete one (docs/api.md: /api/v1/admin/events).
+-- (ingest/contract/codec.py), and an admin can list and delete one (docs/api.md: /api/v1/admin/events).
 --
--- A migration runs once (ingest/store.py), so these replace 005's definitions in an existing file;
--- in lake mode every view is re-created from the migrations in order at each start (ingest/lake.py).
+-- A migration runs once (ingest/db/store.py), so these replace 005's definitions in an existing file;
+-- in lake mode every view is re-created from the migrations in order at each start (ingest/db/lake/storage.py).
 
 -- A stream is complete when a logs_complete event declared its last seq, every seq from 0 to it is
 -- stored and nothing beyond it, and the agent declared no line dropped (see 005).

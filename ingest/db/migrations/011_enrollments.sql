@@ -1,4 +1,4 @@
--- 011: who stands behind an instance (ingest/enrollment.py writes it; the rules read it).
+-- 011: who stands behind an instance (ingest/db/enrollment.py writes it; the rules read it).
 --   declared_at  an admin declared the id (POST /api/v1/admin/instances): the deployer created it
 --   enrolled_at  the shared enrollment token registered it (its token issued then)
 --   vouched      the operator stands behind it: declared before the shared token enrolled it. An

@@ -1,4 +1,4 @@
--- 014: the token filter of fleet-wide search (ingest/tokens.py). Each block is a run of at most 8,192
+-- 014: the token filter of fleet-wide search (ingest/db/searchtokens.py). Each block is a run of at most 8,192
 -- log rows in commit order, written by the writer in the same commit as its rows: the ts range of its
 -- rows and a bitset of 26^3 bits, one per letter trigram its lines hold (bit (a*676 + b*26 + c) for the
 -- letters a, b, c numbered from 0). A search reads only the ts ranges of the blocks holding every
