@@ -68,7 +68,7 @@ async def classify_s(client) -> tuple[float, int]:
     took = time.perf_counter() - started
     if errors:
         raise SystemExit(f"the rule failed: {errors}")
-    from ingest.policy.engine import _store_classes
+    from ingest.db.writes import store_classes as _store_classes
 
     await client.app[WRITER].execute(lambda con: _store_classes(con, rows, utcnow()), kind="policy")
     return took, len(rows)

@@ -40,7 +40,7 @@ class Deleter:
         from ingest.db.lake import storage as lake, jobs as lakejobs
         from ingest.contract.codec import MetricRows
         from ingest.timestamps import now_us
-        from ingest.policy.engine import _delete_logs
+        from ingest.db.writes import delete_logs as _delete_logs
         from ingest.db.store import LogColumns
 
         self.con = lake.open_lake(dsn, str(data))

@@ -9,10 +9,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from ingest.web import forward, otlp_grpc as otlpgrpc
-from ingest.auth import InstanceRateLimiter, SharedTokens, TokenBook, build_auth_middleware
+from ingest.auth import InstanceRateLimiter, TokenBook, build_auth_middleware
 from ingest.budget import MemoryBudget
 from ingest.config import Settings
-from ingest.db.database import Core
+from ingest.core import Core
+from ingest.db.lake.tokens import SharedTokens
 from ingest.web import instances as admin, health, hosts, otlp, page, push, query, logs as read
 from ingest.web import queries as query_files, search as search_handlers
 from ingest.web.http import build_body_middleware, build_error_middleware, close_after_unread_body
@@ -24,11 +25,7 @@ logger = logging.getLogger(__name__)
 
 async def _core(app: web.Application) -> None:
     core = Core.open(app[SETTINGS], app[METRICS])
-    cursor = core.reader.cursor()
-    try:
-        app[TOKENS].load(cursor)
-    finally:
-        cursor.close()
+    app[TOKENS].load(core.db.instance_tokens())
     app[CORE] = core
     app[DB], app[INDEX], app[TAIL], app[WRITER] = core.reader, core.index, core.tail, core.writer
     yield
@@ -62,7 +59,7 @@ async def _otlp_grpc(app: web.Application) -> None:
 
 
 async def _shared_tokens(app: web.Application) -> None:
-    """Lake mode: instance tokens issued or revoked on any node hold on this one (ingest/auth.py)."""
+    """Lake mode: instance tokens issued or revoked on any node hold on this one (ingest/db/lake/tokens.py)."""
     book = app[TOKENS]
     book.shared = SharedTokens(book, app[SETTINGS].lake.removeprefix("postgres:"), retry_after_s=app[SETTINGS].retry_after_s)
     await book.shared.start()

@@ -19,6 +19,7 @@ of fleetlog.toml (default the serve settings' address), with ``--token`` / ``FLE
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import asyncio
 import logging
 import sys
@@ -153,10 +154,9 @@ SERVER_EXTRA = "pip install 'fleetlog[server]'"
 def _server_modules(command: str) -> bool:
     """Whether the server's dependencies (the ``server`` extra) are installed; if not, say which install
     brings them, in one line (an agent-only install has the ``fleetlog`` command too)."""
-    try:
-        import duckdb, grpc, prometheus_client  # noqa: F401, E401
-    except ModuleNotFoundError as e:
-        print(f"fleetlog {command}: the server's dependencies are not installed (no module {e.name}): "
+    missing = [name for name in ("duckdb", "grpc", "prometheus_client") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"fleetlog {command}: the server's dependencies are not installed (no module {missing[0]}): "
               f"{SERVER_EXTRA}", file=sys.stderr)
         return False
     return True
@@ -299,7 +299,7 @@ async def _policy_local(settings: config.Settings, once: bool, execute: bool, fm
     from prometheus_client import CollectorRegistry
 
     from ingest.db import reads
-    from ingest.db.database import Core
+    from ingest.core import Core
     from ingest.metrics import IngestMetrics
 
     core = Core.open(settings, IngestMetrics(CollectorRegistry()))
@@ -378,22 +378,12 @@ def query(args: dict) -> int:
 
 
 def _query_local(settings: config.Settings, sql: str, given: dict) -> tuple[list[str], list[list]]:
-    import duckdb
-
-    from ingest.db import sqlfiles as queryfiles, reads
+    from ingest.db import sqlfiles as queryfiles
+    from ingest.db.database import query_file
     from ingest.timestamps import utcnow
 
     params = queryfiles.bind(sql, given, {"now": utcnow(), "min_rate": settings.min_rate})
-    if not Path(settings.db).exists():
-        raise StoreError(f"no database at {settings.db}")
-    try:
-        con = duckdb.connect(settings.db, read_only=True)
-    except duckdb.Error as e:
-        raise StoreError(f"{e}\n(is a server holding the database? then leave out --db: the server answers)") from e
-    try:
-        columns, rows, _ = reads.run_select(con, sql, settings.query_timeout_s * 6, 1_000_000, params)
-    finally:
-        con.close()
+    columns, rows = query_file(settings.db, sql, settings.query_timeout_s * 6, 1_000_000, params)
     return columns, [list(r) for r in rows]
 
 

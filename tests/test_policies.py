@@ -307,7 +307,7 @@ async def test_broken_rule_stops_startup_naming_the_file(tmp_path, settings):
     (queries / "policies").mkdir(parents=True)
     (queries / "policies" / "10_bad.sql").write_text("-- rule: bad\n-- output: decisions\nDELETE FROM logs")
     from ingest.config import ConfigError
-    from ingest.policy.engine import load_rules
+    from ingest.db.sqlfiles import load_rules
 
     with pytest.raises(ConfigError, match="10_bad.sql.*only SELECT"):
         load_rules(queries)

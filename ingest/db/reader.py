@@ -8,7 +8,7 @@ another (``search_max_concurrent``); beyond either, 429 with Retry-After, so slo
 searches never starve the instance list. User SQL is checked and runs read-only, always rolled back
 (``ingest/db/reads.py``); its answer is rendered on its thread, bounded in bytes (``ingest/db/answers.py``).
 ``close`` interrupts what still runs, waits for it, then closes; ``suspend`` and ``resume`` do the
-same around a reopen of the database (see ``Core.recover``).
+same around a reopen of the database (see ``Database.reopen``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import functools
 import logging
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import duckdb
 import orjson
@@ -56,6 +56,25 @@ def deadline_cursor(con: duckdb.DuckDBPyConnection, timeout_s: float) -> Iterato
             con.close_cursor(cursor)
         else:
             cursor.close()
+
+
+def run_under_deadline(cur: duckdb.DuckDBPyConnection, timeout_s: float, run: Callable[[], Any]
+                       ) -> tuple[Any, tuple[str, str] | None]:
+    """``run()`` (queries on ``cur``) interrupted after ``timeout_s``: (its result, None), or (None,
+    (reason, message)) when it timed out ("timeout") or DuckDB refused it ("error"). Storage failures
+    are raised (they end a policy cycle)."""
+    timer = threading.Timer(timeout_s, cur.interrupt)
+    timer.start()
+    try:
+        return run(), None
+    except duckdb.InterruptException:
+        return None, ("timeout", f"interrupted after {timeout_s} s (query_timeout_s)")
+    except (duckdb.FatalException, duckdb.IOException):
+        raise
+    except duckdb.Error as e:
+        return None, ("error", str(e).splitlines()[0][:300])
+    finally:
+        timer.cancel()
 
 
 def _dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -482,3 +501,58 @@ def decisions(con, timeout_s: float, *, state: str | None, action: str | None, s
     for row in rows:
         row["evidence"] = orjson.loads(row["evidence"])
     return rows
+
+
+# -- the policy engine's reads (ingest/policy/engine.py) -----------------------------------------------
+def evaluate_rule(cur: duckdb.DuckDBPyConnection, name: str, sql: str, params: dict[str, Any], *, decides: bool
+                  ) -> list[tuple]:
+    """A rule's result kept as a temporary table named after it (later rules read it); a rule that
+    decides returns its (subject, action, reason, evidence, episode, expires_at) rows."""
+    cur.execute(f'CREATE OR REPLACE TEMP TABLE "{name}" AS {sql}', params)
+    if not decides:
+        return []
+    return cur.execute(f'SELECT subject, action, reason, evidence, episode, expires_at FROM "{name}"').fetchall()
+
+
+def _decision_dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    names = [d[0] for d in cur.description]
+    out = [dict(zip(names, row)) for row in cur.fetchall()]
+    for d in out:
+        d["evidence"] = orjson.loads(d["evidence"])
+    return out
+
+
+def decisions_by_id(con, timeout_s: float, ids: list[int]) -> list[dict[str, Any]]:
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute("SELECT * FROM decisions WHERE id IN (SELECT unnest(?::BIGINT[])) ORDER BY id", [ids])
+        return _decision_dicts(cur)
+
+
+def proposed_actions(con, timeout_s: float) -> list[dict[str, Any]]:
+    """The destroys and log deletions waiting to be carried out, waiting longest first."""
+    with deadline_cursor(con, timeout_s) as cur:
+        cur.execute(
+            "SELECT id, rule, subject, action, reason, evidence, episode, decided_at, attempts FROM decisions "
+            "WHERE state = 'proposed' AND action IN ('destroy', 'delete_logs') "
+            "ORDER BY coalesce(attempted_at, decided_at), id"
+        )
+        return _decision_dicts(cur)
+
+
+def instance_state(con, timeout_s: float, instance_id: str) -> str | None:
+    with deadline_cursor(con, timeout_s) as cur:
+        row = cur.execute("SELECT state FROM instance_state WHERE instance_id = ?", [instance_id]).fetchone()
+    return row[0] if row else None
+
+
+# -- auth's reads (ingest/auth.py, ingest/web/push.py) ------------------------------------------------
+def instance_tokens(cursor) -> list[tuple[str, str]]:
+    """Every stored (instance_id, token digest): the token book's at start-up."""
+    return cursor.execute("SELECT instance_id, token_sha256 FROM instance_tokens").fetchall()
+
+
+def known_instances(cursor, instance_ids: list[str]) -> set[str]:
+    """Which of ``instance_ids`` the database already holds (a reader's cursor)."""
+    rows = cursor.execute("SELECT instance_id FROM instances WHERE instance_id IN (SELECT unnest(?::VARCHAR[]))",
+                          [instance_ids]).fetchall()
+    return {instance_id for (instance_id,) in rows}

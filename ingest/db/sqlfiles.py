@@ -1,4 +1,6 @@
-"""The SQL files under ``queries/``: reading them, composing their ``-- needs:``, binding parameters.
+"""The SQL files under ``queries/``, in one dialect: reading them, their ``-- field: value`` header
+(``header``), composing their ``-- needs:``, binding ``$name`` parameters, and the policy rules of
+``queries/policies/`` (``load_rules``: ``-- rule:``, ``-- output:``, checked read-only at start-up).
 
 A file may say ``-- needs: host_performance, hosts``: each named query (``queries/NAME.sql`` or a rule
 ``queries/policies/NN_NAME.sql``) is put in front as a CTE, its own needs first, so an engineer's
@@ -8,14 +10,28 @@ parameters; ``now`` and ``min_rate`` are filled in when not given.
 
 from __future__ import annotations
 
+import hashlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ingest.errors import QueryError
+from ingest.db.reads import check_select
+from ingest.errors import ConfigError, QueryError
 
 _NEEDS = re.compile(r"^--\s*needs:\s*([a-z0-9_,\s]+?)\s*$", re.MULTILINE)
 _PARAM = re.compile(r"\$([a-z_][a-z0-9_]*)")
+_FIELD = re.compile(r"^--\s*([a-z_]+):\s*(.*)$")
+
+
+def header(text: str) -> dict[str, str]:
+    """The ``-- field: value`` lines of a file (the first of each field)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _FIELD.match(line.strip())
+        if m and m.group(1) not in fields:
+            fields[m.group(1)] = m.group(2).strip()
+    return fields
 
 
 def find(name: str, queries_dir: Path) -> Path:
@@ -93,3 +109,44 @@ def describe(path: Path, queries_dir: Path) -> dict[str, Any]:
 def catalogue(queries_dir: Path) -> list[dict[str, Any]]:
     """Every canned question of ``queries_dir`` (not the rules of policies/), by name."""
     return [describe(p, queries_dir) for p in sorted(Path(queries_dir).glob("*.sql"))]
+
+
+# -- the policy rules (queries/policies/) ---------------------------------------------------------
+OUTPUTS = {"classify", "table", "decisions"}
+PARAM_NAMES = {"min_rate", "destroy_grace_s", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "exclude_repeats", "now"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    path: Path
+    sql: str
+    sha: str
+    output: str
+    params: tuple[str, ...]
+
+
+def load_rules(queries_dir: str | Path) -> list[Rule]:
+    """Read and check every ``queries/policies/*.sql``; a broken rule raises ConfigError naming its file."""
+    directory = Path(queries_dir) / "policies"
+    if not directory.is_dir():
+        raise ConfigError(f"queries_dir: {directory} is not a directory")
+    rules = []
+    for path in sorted(directory.glob("*.sql")):
+        text = path.read_text()
+        fields = header(text)
+        name = fields.get("rule") or path.stem.split("_", 1)[-1]
+        output = fields.get("output", "").split(" ", 1)[0]
+        if output not in OUTPUTS:
+            raise ConfigError(f"{path}: '-- output:' must start with one of {sorted(OUTPUTS)}")
+        sql = text.strip().rstrip(";")
+        params = tuple(sorted(set(_PARAM.findall(sql))))
+        unknown = set(params) - PARAM_NAMES
+        if unknown:
+            raise ConfigError(f"{path}: unknown parameters {sorted(unknown)}; known: {sorted(PARAM_NAMES)}")
+        try:
+            check_select(sql)
+        except QueryError as e:
+            raise ConfigError(f"{path}: {e.message}") from e
+        rules.append(Rule(name, path, sql, hashlib.sha256(sql.encode()).hexdigest()[:16], output, params))
+    return rules

@@ -114,11 +114,12 @@ def open_database(path: str | Path, memory_limit_mb: int = 256, threads: int = 0
     return con
 
 
-def migrate(con: duckdb.DuckDBPyConnection) -> int:
+def migrate(con: duckdb.DuckDBPyConnection, files: list[tuple[int, str, str]] | None = None) -> int:
+    """Apply the migrations not applied yet (``files``: ``migrations()`` unless given)."""
     con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP DEFAULT now())")
     applied = {v for (v,) in con.execute("SELECT version FROM schema_migrations").fetchall()}
     done = 0
-    for version, name, sql in migrations():
+    for version, name, sql in migrations() if files is None else files:
         if version in applied:
             continue
         logger.info("applying migration %03d_%s", version, name)

@@ -44,25 +44,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import datetime as dt
-import hashlib
 import logging
 import re
-import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
-import duckdb
 import orjson
 
 from ingest.policy.actuator import ActuationError, Actuator
 from ingest.contract.codec import Event
-from ingest.errors import ConfigError, QueryError
 from ingest.policy.notify import Notifier
 from ingest.metrics import IngestMetrics
-from ingest.db.reads import check_select, deadline_cursor
+from ingest.db import writes
+from ingest.db.sqlfiles import Rule
+from ingest.db.reads import (deadline_cursor, decisions_by_id, evaluate_rule, instance_state,
+                             proposed_actions, run_under_deadline)
 from ingest.db.seqindex import StreamIndex
 from ingest.db.tailcache import TailCache
 from ingest.timestamps import now_us, utcnow
@@ -70,51 +69,7 @@ from ingest.db.writer import Writer
 
 logger = logging.getLogger(__name__)
 
-OUTPUTS = {"classify", "table", "decisions"}
-INTERNAL_ACTIONS = {"exclude_host", "mark_stale"}  # recorded as executed: nothing leaves fleetlog
-PARAM_NAMES = {"min_rate", "destroy_grace_s", "bad_host_ttl_s", "stale_ttl_s", "retention_s", "exclude_repeats", "now"}
-_HEADER = re.compile(r"^--\s*([a-z_]+):\s*(.*)$")
-_PARAM = re.compile(r"\$([a-z_]+)")
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    path: Path
-    sql: str
-    sha: str
-    output: str
-    params: tuple[str, ...]
-
-
-def load_rules(queries_dir: str | Path) -> list[Rule]:
-    """Read and check every ``queries/policies/*.sql``; a broken rule raises ConfigError naming its file."""
-    directory = Path(queries_dir) / "policies"
-    if not directory.is_dir():
-        raise ConfigError(f"queries_dir: {directory} is not a directory")
-    rules = []
-    for path in sorted(directory.glob("*.sql")):
-        text = path.read_text()
-        header = {}
-        for line in text.splitlines():
-            m = _HEADER.match(line.strip())
-            if m and m.group(1) not in header:
-                header[m.group(1)] = m.group(2).strip()
-        name = header.get("rule") or path.stem.split("_", 1)[-1]
-        output = header.get("output", "").split(" ", 1)[0]
-        if output not in OUTPUTS:
-            raise ConfigError(f"{path}: '-- output:' must start with one of {sorted(OUTPUTS)}")
-        sql = text.strip().rstrip(";")
-        params = tuple(sorted(set(_PARAM.findall(sql))))
-        unknown = set(params) - PARAM_NAMES
-        if unknown:
-            raise ConfigError(f"{path}: unknown parameters {sorted(unknown)}; known: {sorted(PARAM_NAMES)}")
-        try:
-            check_select(sql)
-        except QueryError as e:
-            raise ConfigError(f"{path}: {e.message}") from e
-        rules.append(Rule(name, path, sql, hashlib.sha256(sql.encode()).hexdigest()[:16], output, params))
-    return rules
+INTERNAL_ACTIONS = writes.INTERNAL_ACTIONS  # recorded as executed: nothing leaves fleetlog
 
 
 @dataclass(frozen=True)
@@ -133,16 +88,6 @@ class PolicyParams:
             "stale_ttl_s": self.stale_ttl_s, "retention_s": self.retention_s, "exclude_repeats": self.exclude_repeats,
             "now": now,
         }
-
-
-def store_settings(con: duckdb.DuckDBPyConnection, params: PolicyParams) -> None:
-    """Write the values the views of migration 005 compare against (``policy_settings``); called on
-    the write connection at start-up, before the writer thread owns it."""
-    con.execute(
-        """INSERT OR REPLACE INTO policy_settings (name, value, set_at)
-           SELECT * FROM (VALUES ('min_rate', ?::DOUBLE, ?::TIMESTAMP), ('bench_timeout_s', ?::DOUBLE, ?::TIMESTAMP))""",
-        [params.min_rate, utcnow(), params.bench_timeout_s, utcnow()],
-    )
 
 
 @dataclass
@@ -167,7 +112,7 @@ class CycleReport:
 class PolicyEngine:
     def __init__(
         self,
-        con: duckdb.DuckDBPyConnection,
+        con: Any,  # the Reader: the rules' cursors
         writer: Writer,
         index: StreamIndex,
         tail: TailCache,
@@ -181,7 +126,13 @@ class PolicyEngine:
         query_timeout_s: float,
         notify_webhook_url: str = "",
         notify_timeout_s: float = 10.0,
+        may_run: Callable[[], bool] | None = None,
+        delete_logs: Callable[[str, Callable[[], None]], Awaitable[None]] | None = None,
     ) -> None:
+        """``may_run`` (blocking, asked on a worker thread): whether this node runs the policies now
+        (lake mode: the node holding the PostgreSQL advisory lock; a cycle elsewhere reports nothing).
+        ``delete_logs(instance_id, after_commit)``: the retention rule carried out (the database's:
+        lake mode carries it out in its delete window); by default, through the writer."""
         self.con = con
         self.writer = writer
         self.index = index
@@ -193,6 +144,8 @@ class PolicyEngine:
         self.cap = destroy_cap_per_cycle
         self.retries = actuator_retries
         self.timeout_s = query_timeout_s
+        self.may_run = may_run
+        self._delete = delete_logs or self._delete_through_writer
         self._lock = asyncio.Lock()  # one cycle at a time: the timer and an operator's run never overlap
         self.notifier = Notifier(notify_webhook_url, notify_timeout_s, metrics.registry)
         self.failing: dict[str, str] = {}  # rule -> why its last evaluation in a cycle failed
@@ -204,6 +157,8 @@ class PolicyEngine:
 
     # -- one cycle -------------------------------------------------------------------------------
     async def run_cycle(self, execute: bool, now: dt.datetime | None = None) -> CycleReport:
+        if self.may_run is not None and not await asyncio.to_thread(self.may_run):
+            return CycleReport(execute)
         async with self._lock:
             started = time.perf_counter()
             now = now or utcnow()
@@ -215,7 +170,7 @@ class PolicyEngine:
                         rows = await asyncio.to_thread(self._classify, rule, params, report.rule_errors)
                         if rows:
                             classified_at = utcnow()
-                            await self.writer.execute(lambda con, rows=rows: _store_classes(con, rows, classified_at),
+                            await self.writer.execute(functools.partial(writes.store_classes, rows=rows, now=classified_at),
                                                       kind="policy")
                         report.classified += len(rows)
                         scanned = sum(row[7] or 0 for row in rows if len(row) > 7)
@@ -226,7 +181,7 @@ class PolicyEngine:
                 self._note_health(report.rule_errors)
                 decided_at = utcnow()  # the rules have run: whatever they read was stored before this
                 report.new_decisions, report.updated = await self.writer.execute(
-                    lambda con: _store_decisions(con, decided, decided_at), kind="policy"
+                    functools.partial(writes.store_decisions, decided=decided, now=decided_at), kind="policy"
                 )
                 if report.new_decisions and self.notifier.enabled:
                     for decision in await asyncio.to_thread(self._decisions, report.new_decisions):
@@ -242,24 +197,17 @@ class PolicyEngine:
                 logger.info("policy run: %s", report.as_dict())
             return report
 
-    def _run_rule(self, rule: Rule, cur: duckdb.DuckDBPyConnection, run: Callable[[], Any],
-                  errors: dict[str, str]) -> Any:
+    def _run_rule(self, rule: Rule, cur: Any, run: Callable[[], Any], errors: dict[str, str]) -> Any:
         """``run()`` under the rule's own deadline; a timeout or a failure is counted, noted in
         ``errors`` and returns None (the other rules go on). Storage failures end the cycle."""
         started = time.perf_counter()
-        timer = threading.Timer(self.timeout_s, cur.interrupt)
-        timer.start()
         try:
-            return run()
-        except duckdb.InterruptException:
-            reason, message = "timeout", f"interrupted after {self.timeout_s} s (query_timeout_s)"
-        except (duckdb.FatalException, duckdb.IOException):
-            raise
-        except duckdb.Error as e:
-            reason, message = "error", str(e).splitlines()[0][:300]
+            result, failure = run_under_deadline(cur, self.timeout_s, run)
         finally:
-            timer.cancel()
             self.metrics.policy_rule_seconds.labels(rule=rule.name).observe(time.perf_counter() - started)
+        if failure is None:
+            return result
+        reason, message = failure
         self.metrics.policy_rule_errors.labels(rule=rule.name, reason=reason).inc()
         errors[rule.name] = f"{reason}: {message}"
         logger.error("policy rule %s failed (%s): %s; the other rules still run", rule.name, reason, message)
@@ -289,13 +237,8 @@ class PolicyEngine:
                     continue
 
                 def run(rule: Rule = rule) -> list[tuple]:
-                    cur.execute(f'CREATE OR REPLACE TEMP TABLE "{rule.name}" AS {rule.sql}',
-                                {p: params[p] for p in rule.params})
-                    if rule.output != "decisions":
-                        return []
-                    return cur.execute(
-                        f'SELECT subject, action, reason, evidence, episode, expires_at FROM "{rule.name}"'
-                    ).fetchall()
+                    return evaluate_rule(cur, rule.name, rule.sql, {p: params[p] for p in rule.params},
+                                         decides=rule.output == "decisions")
 
                 rows = self._run_rule(rule, cur, run, errors)
                 if rows is not None:
@@ -359,14 +302,15 @@ class PolicyEngine:
                 self.tail.forget(instance_id)
 
             started_at = utcnow()
-            await self.delete_logs(instance_id, forget)
+            await self._delete(instance_id, forget)
             await self._settle(decision, "executed", None, attempted_at=started_at)
             report.executed.append(decision["id"])
 
-    async def delete_logs(self, instance_id: str, after_commit: Callable[[], None]) -> None:
+    async def _delete_through_writer(self, instance_id: str, after_commit: Callable[[], None]) -> None:
         """The retention rule carried out: the instance's logs and metrics deleted through the writer.
-        Lake mode carries it out in its delete window instead (ingest/db/lake/storage.py, wired by ingest/db/database.py)."""
-        await self.writer.execute(lambda con: _delete_logs(con, instance_id), kind="policy", after_commit=after_commit)
+        Lake mode hands its own (ingest/db/lake/jobs.py's RetentionWindow, through ingest/db/database.py)."""
+        await self.writer.execute(functools.partial(writes.delete_logs, instance_id=instance_id), kind="policy",
+                                  after_commit=after_commit)
 
     async def _destroy(self, decision: dict[str, Any], report: CycleReport) -> bool:
         """Carry out one proposed destroy; True when the actuator was called (what the cap counts)."""
@@ -430,18 +374,9 @@ class PolicyEngine:
         evidence = orjson.dumps(decision["evidence"], default=str).decode()
         settled_at = None if state == "proposed" else utcnow()
 
-        def update(con: duckdb.DuckDBPyConnection) -> None:
-            con.execute(
-                """UPDATE decisions SET state = ?, attempts = attempts + ?, last_error = ?,
-                   attempted_at = coalesce(?::TIMESTAMP, attempted_at),
-                   executed_at = CASE WHEN ? = 'executed' THEN ?::TIMESTAMP ELSE executed_at END,
-                   settled_at = ?::TIMESTAMP,
-                   reason = CASE WHEN ? = 'executed' THEN ? ELSE reason END,
-                   evidence = CASE WHEN ? = 'executed' THEN ?::JSON ELSE evidence END WHERE id = ?""",
-                [state, 0 if state in ("skipped", "superseded") else 1, error, attempted_at, state, attempted_at,
-                 settled_at, state, decision["reason"], state, evidence, decision["id"]],
-            )
-
+        update = functools.partial(writes.settle_decision, decision_id=decision["id"], state=state, error=error,
+                                   attempted_at=attempted_at, settled_at=settled_at, reason=decision["reason"],
+                                   evidence=evidence)
         await self.writer.execute(update, kind="policy")
         if state in ("executed", "failed", "superseded"):
             self.notifier.send(state, {**decision, "state": state, "note": note})
@@ -459,35 +394,17 @@ class PolicyEngine:
         return self._evaluate(self.params.values(now), errors=failed, only=self._needed(names)), failed
 
     def _decisions(self, ids: list[int]) -> list[dict[str, Any]]:
-        with deadline_cursor(self.con, self.timeout_s) as cur:
-            cur.execute("SELECT * FROM decisions WHERE id IN (SELECT unnest(?::BIGINT[])) ORDER BY id", [ids])
-            names = [d[0] for d in cur.description]
-            out = [dict(zip(names, row)) for row in cur.fetchall()]
-        for d in out:
-            d["evidence"] = orjson.loads(d["evidence"])
-        return out
+        return decisions_by_id(self.con, self.timeout_s, ids)
 
     async def close(self, timeout_s: float = 5.0) -> None:
         """Let the notifications in flight finish (at most ``timeout_s``)."""
         await self.notifier.drain(timeout_s)
 
     def _proposed(self) -> list[dict[str, Any]]:
-        with deadline_cursor(self.con, self.timeout_s) as cur:
-            cur.execute(
-                "SELECT id, rule, subject, action, reason, evidence, episode, decided_at, attempts FROM decisions "
-                "WHERE state = 'proposed' AND action IN ('destroy', 'delete_logs') "
-                "ORDER BY coalesce(attempted_at, decided_at), id"
-            )
-            names = [d[0] for d in cur.description]
-            out = [dict(zip(names, row)) for row in cur.fetchall()]
-        for d in out:
-            d["evidence"] = orjson.loads(d["evidence"])
-        return out
+        return proposed_actions(self.con, self.timeout_s)
 
     def _instance_state(self, instance_id: str) -> str | None:
-        with deadline_cursor(self.con, self.timeout_s) as cur:
-            row = cur.execute("SELECT state FROM instance_state WHERE instance_id = ?", [instance_id]).fetchone()
-        return row[0] if row else None
+        return instance_state(self.con, self.timeout_s, instance_id)
 
     # -- the timer -------------------------------------------------------------------------------
     async def run_forever(self, interval_s: float, execute: bool, stop: asyncio.Event) -> None:
@@ -511,82 +428,6 @@ class PolicyEngine:
                 missed = int(late // interval_s) + 1
                 self.metrics.policy_missed.inc(missed)
                 next_at += missed * interval_s
-
-
-def _store_classes(con: duckdb.DuckDBPyConnection, rows: list[tuple], now: dt.datetime) -> int:
-    """Write each run's current class, the line that decided it and how far its evidence was read
-    (a rule returning the first five columns only keeps no progress), until the class is final."""
-    for instance_id, done_at, failure_class, failure_line, final, *progress in rows:
-        priority, scanned_to = (list(progress) + [None, None])[:2]
-        con.execute(
-            """UPDATE bench_runs SET failure_class = ?, failure_line = ?, class_final = ?, classified_at = ?,
-                                     class_priority = ?, class_scanned_to = ?
-               WHERE instance_id = ? AND done_at = ? AND NOT coalesce(class_final, false)""",
-            [failure_class, failure_line, bool(final), now, priority, scanned_to, instance_id, done_at],
-        )
-    return len(rows)
-
-
-def _store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple[Rule, tuple]], now: dt.datetime
-                     ) -> tuple[list[int], list[int]]:
-    """Insert what is new (decided at ``now``: when the rules had run); a decision still proposed, or a
-    verdict fleetlog acts on itself, decided again with another reason or evidence takes the new ones.
-    Returns (new ids, updated ids).
-
-    What is new is inserted in one statement, whatever its number: in a transaction, each DuckDB
-    ``INSERT ... ON CONFLICT`` holds ~150 KiB of transaction-local memory until the commit, so a cycle
-    deciding 1,600 things at once (a fleet gone silent: a mark_stale each) ran the commit out of
-    DuckDB's 256 MiB (503, and the next cycle again), tests/test_policy_scale.py."""
-    new_ids, updated = [], []
-    subjects = sorted({str(subject) for _rule, (subject, *_rest) in decided})
-    held_rows = con.execute(  # one query for what is held, whatever the number of decisions
-        "SELECT rule, subject, episode, id, state, reason, evidence::VARCHAR FROM decisions "
-        "WHERE subject IN (SELECT unnest(?::VARCHAR[]))", [subjects]).fetchall() if subjects else []
-    holding = {(r, subj, ep): rest for r, subj, ep, *rest in held_rows}
-    fresh: dict[tuple[str, str, str], tuple] = {}  # the first of each (rule, subject, episode), in order
-    for rule, (subject, action, reason, evidence, episode, expires_at) in decided:
-        internal = action in INTERNAL_ACTIONS
-        key = (rule.name, str(subject), episode)
-        held = holding.get(key)
-        if held:
-            decision_id, state, held_reason, held_evidence = held
-            changed = held_reason != reason or orjson.loads(held_evidence) != orjson.loads(evidence)
-            if changed and (state == "proposed" or (internal and state == "executed")):
-                con.execute("UPDATE decisions SET reason = ?, evidence = ?, rule_sha = ? WHERE id = ?",
-                            [reason, evidence, rule.sha, decision_id])
-                updated.append(decision_id)
-            continue
-        fresh.setdefault(key, (rule.sha, action, reason, evidence, expires_at, "executed" if internal else "proposed"))
-    if not fresh:
-        return new_ids, updated
-    keys = list(fresh)
-    columns = list(zip(*(k + v for k, v in fresh.items())))
-    names, shas, subject_ids, actions, reasons, evidences, episodes, expires, states = (
-        columns[0], columns[3], columns[1], columns[4], columns[5], columns[6], columns[2], columns[7], columns[8])
-    # no RETURNING and no ON CONFLICT: lake mode's decisions table is PostgreSQL's (ingest/db/lake/storage.py), and
-    # DuckDB's postgres scanner stores only the first row of an INSERT ... SELECT ... ON CONFLICT DO NOTHING
-    con.execute(
-        """INSERT INTO decisions (rule, rule_sha, subject, action, reason, evidence, episode, decided_at, expires_at,
-                                  state, executed_at, settled_at)
-           SELECT rule, rule_sha, subject, action, reason, evidence, episode, $now, expires_at, state,
-                  CASE WHEN state = 'executed' THEN $now END, CASE WHEN state = 'executed' THEN $now END
-           FROM (SELECT unnest($rule::VARCHAR[]) AS rule, unnest($sha::VARCHAR[]) AS rule_sha,
-                        unnest($subject::VARCHAR[]) AS subject, unnest($action::VARCHAR[]) AS action,
-                        unnest($reason::VARCHAR[]) AS reason, unnest($evidence::VARCHAR[]) AS evidence,
-                        unnest($episode::VARCHAR[]) AS episode, unnest($expires::TIMESTAMP[]) AS expires_at,
-                        unnest($state::VARCHAR[]) AS state) AS n
-           WHERE NOT EXISTS (SELECT 1 FROM decisions d WHERE d.rule = n.rule AND d.subject = n.subject
-                             AND d.episode = n.episode)""",
-        {"now": now, "rule": list(names), "sha": list(shas), "subject": list(subject_ids), "action": list(actions),
-         "reason": list(reasons), "evidence": list(evidences), "episode": list(episodes), "expires": list(expires),
-         "state": list(states)},
-    )
-    # the ones this commit inserted (decided at ``now``; one held already, e.g. another node's, kept its own)
-    ids = {(r, subj, ep): i for r, subj, ep, i in con.execute(
-        "SELECT rule, subject, episode, id FROM decisions WHERE decided_at = ?::TIMESTAMP "
-        "AND subject IN (SELECT unnest(?::VARCHAR[]))", [now, sorted(set(subject_ids))]).fetchall()}
-    new_ids = [ids[key] for key in keys if key in ids]
-    return new_ids, updated
 
 
 _UNKNOWN = object()  # a recheck whose rule failed: neither selected nor superseded
@@ -622,9 +463,3 @@ class _Recheck:
         if decision["rule"] in self.failed:
             return _UNKNOWN
         return self.selected.get((decision["rule"], decision["subject"], decision["action"]))
-
-
-def _delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str) -> int:
-    deleted = con.execute("DELETE FROM logs WHERE instance_id = ?", [instance_id]).fetchone()[0]
-    con.execute("DELETE FROM metrics WHERE instance_id = ?", [instance_id])
-    return deleted

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 from aiohttp import web
 
 from ingest.contract import codec
+from ingest.db import writes
 from ingest.auth import ADMIN, requires
 from ingest.errors import BadRequest, NotFound
 from ingest.web.http import int_param, json_response, read_body
@@ -50,13 +53,8 @@ async def _verdict(request: web.Request, verdict: str) -> web.Response:
     if expires_s is not None and (isinstance(expires_s, bool) or not isinstance(expires_s, (int, float)) or expires_s <= 0):
         raise BadRequest("expires_s: expected a positive number of seconds")
     now = utcnow()
-
-    def store(con) -> None:
-        con.execute(
-            "INSERT INTO host_verdicts VALUES (?, ?, ?, ?, ?::TIMESTAMP + to_seconds(?::DOUBLE))",
-            [machine_id, verdict, reason or "by operator", now, now, expires_s],
-        )
-
+    store = functools.partial(writes.store_verdict, machine_id=machine_id, verdict=verdict, reason=reason or "by operator",
+                              now=now, expires_s=expires_s)
     await request.app[CORE].writer.execute(store, kind="verdict")
     rows = await _hosts(request, machine_id)
     return json_response(rows[0])

@@ -7,7 +7,7 @@ from aiohttp import web
 from ingest.auth import InstanceRateLimiter, TokenBook
 from ingest.budget import MemoryBudget
 from ingest.config import Settings
-from ingest.db.database import Core
+from ingest.core import Core
 from ingest.metrics import IngestMetrics
 from ingest.db.reader import Reader
 from ingest.db.seqindex import StreamIndex

@@ -15,11 +15,15 @@ an enrollment vouches for, and why, is ingest/db/enrollment.py's docstring.
 
 from __future__ import annotations
 
+import functools
+
 from aiohttp import web
 
 from ingest.contract import codec
 from ingest.db import enrollment
-from ingest.auth import ADMIN, OPEN, PRINCIPAL, PUSH, Principal, check_instances, known_instances, requires, write_instance_token
+from ingest.auth import ADMIN, OPEN, PRINCIPAL, PUSH, Principal, check_instances, requires
+from ingest.db import writes
+from ingest.db.reads import known_instances
 from ingest.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge
 from ingest.web.http import json_response, read_body
 from ingest.web.keys import DB, ENROLL_LIMITER, LIMITER, SETTINGS, TOKENS, WRITER
@@ -113,12 +117,8 @@ async def post_events(request: web.Request) -> web.Response:
         fresh = [e for e in events if e.instance_id not in replays]  # a replay's events are stored already
         now = now_us()
         enrolled = sorted(issued) if principal.kind == "enroll" else []
-
-        def store_tokens(con) -> None:
-            for instance_id, (_token, token_sha) in issued.items():
-                write_instance_token(con, instance_id, token_sha, now, revoke_old=False)
-            if enrolled:
-                enrollment.record_enrolled(con, enrolled, now)
+        store_tokens = functools.partial(writes.store_issued, issued={i: sha for i, (_token, sha) in issued.items()},
+                                         enrolled=enrolled, now_us=now)
 
         accepted, duplicates = 0, len(events) - len(fresh)
         if fresh:
@@ -219,7 +219,7 @@ async def post_admin_instances(request: web.Request) -> web.Response:
             raise Conflict(f"instance_ids: {unvouched[0]!r} was enrolled by the shared enrollment token before it was declared; "
                            "whose agent that was cannot be told, so it is not vouched for (destroy it and create another)")
         now = now_us()
-        await request.app[WRITER].execute(lambda con: enrollment.declare(con, ids, now), kind="declare")
+        await request.app[WRITER].execute(functools.partial(enrollment.declare, instance_ids=ids, now_us=now), kind="declare")
     return json_response({"ok": True, "declared": ids})
 
 
@@ -234,7 +234,8 @@ async def post_instance_token(request: web.Request) -> web.Response:
         token, token_sha = book.new_token()
         now = now_us()
         await request.app[WRITER].execute(
-            lambda con: write_instance_token(con, instance_id, token_sha, now, revoke_old=True), kind="token"
+            functools.partial(writes.write_instance_token, instance_id=instance_id, token_sha=token_sha, issued_us=now,
+                              revoke_old=True), kind="token"
         )
         book.replace(instance_id, token_sha)
     return json_response({"ok": True, "instance_id": instance_id, "token": token})

@@ -27,6 +27,7 @@ set once, when the lake is created (``lake._create_schema``: an ALTER conflicts 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ from typing import Any, Callable, Iterator
 import duckdb
 import psycopg
 
+from ingest.db import writes
 from ingest.db.lake import storage as lake
 from ingest.errors import Overloaded, StoreError
 
@@ -105,39 +107,38 @@ class DeleteWindow:
         self._session.close()
 
 
-def carry_out_retention_in_window(policy, pg_dsn: str, wait_s: float = 600.0) -> None:
-    """Lake mode: the policy engine's ``delete_logs`` (the retention rule carried out) becomes the
-    same DELETE as a ``lake.LakeAction``: after any maintenance pass in progress, in the window."""
-    from ingest.policy.engine import _delete_logs  # the one statement of the rule's carrying out
+class RetentionWindow:
+    """Lake mode: the retention rule carried out as the same DELETE as file mode's
+    (``writes.delete_logs``), as a ``lake.LakeAction``: after any maintenance pass in progress, in
+    the delete window."""
 
-    session = PgSession(pg_dsn, wait_s)
-    lock = threading.Lock()  # the session is used by one delete at a time
+    def __init__(self, pg_dsn: str, wait_s: float = 600.0) -> None:
+        self._session = PgSession(pg_dsn, wait_s)
+        self._lock = threading.Lock()  # the session is used by one delete at a time
 
-    def take() -> None:
-        lock.acquire()
+    def _take(self) -> None:
+        self._lock.acquire()
         try:
-            session.execute("SELECT pg_advisory_lock(%s)", [MAINTENANCE_LOCK_KEY])
+            self._session.execute("SELECT pg_advisory_lock(%s)", [MAINTENANCE_LOCK_KEY])
         except psycopg.Error as e:
-            lock.release()
+            self._lock.release()
             raise StoreError(f"lake: retention waits for maintenance, which did not finish: {e}") from e
 
-    def give() -> None:
+    def _give(self) -> None:
         try:
-            session.execute("SELECT pg_advisory_unlock(%s)", [MAINTENANCE_LOCK_KEY])
+            self._session.execute("SELECT pg_advisory_unlock(%s)", [MAINTENANCE_LOCK_KEY])
         except psycopg.Error:
-            session.close()
+            self._session.close()
         finally:
-            lock.release()
+            self._lock.release()
 
-    async def delete_logs(instance_id: str, after_commit: Callable[[], None]) -> None:
-        await asyncio.to_thread(take)
+    async def delete_logs(self, writer, instance_id: str, after_commit: Callable[[], None]) -> None:
+        await asyncio.to_thread(self._take)
         try:
-            action = lake.LakeAction(lambda con: _delete_logs(con, instance_id))
-            await policy.writer.execute(action, kind="policy", after_commit=after_commit)
+            action = lake.LakeAction(functools.partial(writes.delete_logs, instance_id=instance_id))
+            await writer.execute(action, kind="policy", after_commit=after_commit)
         finally:
-            await asyncio.to_thread(give)
-
-    policy.delete_logs = delete_logs
+            await asyncio.to_thread(self._give)
 
 
 def forget_retired(index, tail, reader, instance_ids: set[str]) -> None:

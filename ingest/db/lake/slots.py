@@ -63,10 +63,11 @@ class NotOwner(Exception):
 
 class Slots:
     def __init__(self, dsn: str, node_id: str, url: str, lease_s: float,
-                 on_acquire: Callable[[set[int]], None] | None = None) -> None:
+                 on_acquire: Callable[[set[int]], None] | None = None,
+                 on_retired: Callable[[set[str]], None] | None = None) -> None:
         self.dsn, self.node_id, self.url, self.lease_s = dsn, node_id, url, lease_s
         self.on_acquire = on_acquire
-        self.on_retired: Callable[[set[str]], None] | None = None  # instances whose logs retention deleted
+        self.on_retired = on_retired  # instances whose logs retention deleted (on another node)
         self._retired_seen: set[int] = set()  # delete_logs decisions already handed to on_retired
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}  # slot -> token, served

@@ -61,32 +61,11 @@ LAKE_TABLES = ("logs", "metrics")
 PG_TABLES = ("instances", "events", "bench_runs", "decisions", "host_verdicts", "instance_tokens", "schema_migrations",
              "policy_settings", "enrollments")
 
-LAKE_DDL = """
-CREATE TABLE IF NOT EXISTS lake.logs (
-    instance_id  VARCHAR NOT NULL,
-    source       VARCHAR NOT NULL,
-    run_id       VARCHAR NOT NULL,
-    seq          BIGINT NOT NULL,
-    ts           TIMESTAMP NOT NULL,
-    received_at  TIMESTAMP NOT NULL,
-    line         VARCHAR NOT NULL,
-    truncated    BOOLEAN NOT NULL
-);
-CREATE TABLE IF NOT EXISTS lake.metrics (
-    instance_id  VARCHAR NOT NULL,
-    name         VARCHAR NOT NULL,
-    ts           TIMESTAMP NOT NULL,
-    value        DOUBLE NOT NULL,
-    labels       VARCHAR NOT NULL,
-    received_at  TIMESTAMP NOT NULL
-);
-"""
-
 # The order maintenance merges files into (tails read the newest lines of one stream).
 SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id, name, ts"}
 
-# The migrations (ingest/db/migrations/) whose tables PG_DDL and LAKE_DDL hold; their views are created
-# from the files themselves. A new migration must be folded in here too (open_lake refuses to start
+# The migrations (ingest/db/migrations/) whose tables PG_DDL and the lake hold; the lake's tables (logs,
+# metrics) and the views are created from the files themselves (``_lake_tables``, ``_migration_views``). A new migration must be folded in here too (open_lake refuses to start
 # otherwise, so the two modes cannot drift apart silently).
 # 10 and 15 only (re)define views; 14 (log_blocks, the search's token filter) has no lake table: the
 # lake keeps no blocks and its searches scan the window (docs/scale-out.md).
@@ -145,11 +124,30 @@ INSERT INTO schema_migrations (version, name)
 """
 
 
-def _migration_views() -> list[str]:
+def _lake_tables(migrations: list[tuple[int, str, str]]) -> list[str]:
+    """CREATE TABLE of the lake's tables (LAKE_TABLES) as the migrations leave them: they are applied to
+    an empty in-memory DuckDB and the columns read back, so the logs DDL is written once, in the
+    migrations (JSON is VARCHAR to the lake; compression and keys are the file's own)."""
+    scratch = duckdb.connect(":memory:")
+    try:
+        store.migrate(scratch, migrations)
+        out = []
+        for table in LAKE_TABLES:
+            columns = scratch.execute("SELECT column_name, data_type, is_nullable FROM duckdb_columns() "
+                                      "WHERE table_name = ? ORDER BY column_index", [table]).fetchall()
+            body = ",\n    ".join(f"{name:<12} {'VARCHAR' if kind == 'JSON' else kind}{'' if nullable else ' NOT NULL'}"
+                                  for name, kind, nullable in columns)
+            out.append(f"CREATE TABLE IF NOT EXISTS {LAKE}.{table} (\n    {body}\n)")
+        return out
+    finally:
+        scratch.close()
+
+
+def _migration_views(migrations: list[tuple[int, str, str]]) -> list[str]:
     """Every CREATE VIEW of the migrations, in order, as CREATE OR REPLACE VIEW memory.main.<name>
     (re-created at every start; they read the per-table views, so the same SQL serves both modes)."""
     out = []
-    for version, name, sql in store.migrations():
+    for version, name, sql in migrations:
         if version not in LAKE_MIGRATIONS:
             raise StoreError(f"lake: migration {version:03d}_{name} has no lake counterpart in ingest/db/lake/storage.py")
         for statement in duckdb.extract_statements(sql):
@@ -188,9 +186,11 @@ def _quote(text: str) -> str:
 
 
 def open_lake(dsn: str, data_path: str, memory_limit_mb: int = 256, temp_dir: str | None = None,
-              schema: bool = True) -> duckdb.DuckDBPyConnection:
+              schema: bool = True, migrations: list[tuple[int, str, str]] | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with the lake and its PostgreSQL attached, schema created (unless
-    ``schema`` is False: the maintenance job's own instance, opened on a lake that exists), locked down."""
+    ``schema`` is False: the maintenance job's own instance, opened on a lake that exists), locked down.
+    ``migrations``: the (version, name, sql) the lake's tables and views follow (``store.migrations()``
+    unless given)."""
     if not dsn.startswith("postgres:"):
         raise StoreError(f"lake: expected 'postgres:<libpq connection string>', got {dsn!r}")
     pg_dsn = dsn.removeprefix("postgres:")
@@ -205,7 +205,7 @@ def open_lake(dsn: str, data_path: str, memory_limit_mb: int = 256, temp_dir: st
             con.execute(f"ATTACH {_quote(pg_dsn)} AS {PG} (TYPE postgres)")
             con.execute(f"SET search_path = {_quote(SEARCH_PATH)}")
             if schema:
-                _create_schema(con)
+                _create_schema(con, store.migrations() if migrations is None else migrations)
         con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
         tmp = Path(temp_dir) if temp_dir else data.parent / (data.name + ".tmp")
         con.execute(f"SET temp_directory = {_quote(str(tmp))}")
@@ -243,12 +243,14 @@ def _init_lock(pg_dsn: str) -> Iterator[None]:
         conn.close()  # the lock goes with the session
 
 
-def _create_schema(con: duckdb.DuckDBPyConnection, attempts: int = 20) -> None:
+def _create_schema(con: duckdb.DuckDBPyConnection, migrations: list[tuple[int, str, str]], attempts: int = 20) -> None:
     """Idempotent; nodes starting together may conflict on the lake's catalog, so it is retried."""
+    views = _migration_views(migrations)  # refuses a migration the lake does not know before touching it
+    tables = _lake_tables(migrations)
     for attempt in range(attempts):
         try:
             con.execute(f"CALL postgres_execute({_quote(PG)}, {_quote(PG_DDL)})")
-            for statement in filter(str.strip, LAKE_DDL.split(";")):
+            for statement in tables:
                 con.execute(statement)
             break
         except duckdb.Error as e:
@@ -275,7 +277,7 @@ def _create_schema(con: duckdb.DuckDBPyConnection, attempts: int = 20) -> None:
         con.execute(f"CREATE OR REPLACE VIEW memory.main.{name} AS SELECT * FROM {LAKE}.main.{name}")
     for name in PG_TABLES:
         con.execute(f"CREATE OR REPLACE VIEW memory.main.{name} AS SELECT * FROM {PG}.public.{name}")
-    for view in _migration_views():
+    for view in views:
         con.execute(view)
 
 
