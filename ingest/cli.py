@@ -306,8 +306,8 @@ async def _policy_local(settings: config.Settings, once: bool, execute: bool, fm
     try:
         while True:
             report = (await core.policy.run_cycle(execute)).as_dict()
-            decisions = reads.decisions(core.reader, settings.query_timeout_s, state=None, action=None, subject=None,
-                                        limit=10_000) if _decided_ids(report) or execute else []
+            decisions = core.reader.read(reads.decisions, state=None, action=None, subject=None,
+                                         limit=10_000) if _decided_ids(report) or execute else []
             status = print_report(report, decisions, not_done(report, decisions), fmt)
             if once or settings.policy_interval_s <= 0:
                 return status

@@ -53,11 +53,11 @@ class FleetCollector(Collector):
             logger.exception("fleet gauges unavailable for this scrape")
 
     def _collect(self) -> Iterable[Metric]:
-        with reads.deadline_cursor(self.reader, self.timeout_s) as cur:
+        with self.reader.deadline_cursor(self.timeout_s) as cur:
             instances = cur.execute(INSTANCES).fetchall()
             failed = cur.execute(FAILED_BY_CLASS).fetchall()
             decisions = cur.execute(DECISIONS).fetchall()
-        hosts = reads.hosts(self.reader, self.timeout_s, self.hosts_sql, self.min_rate, utcnow())
+        hosts = self.reader.read(reads.hosts, self.hosts_sql, self.min_rate, utcnow())
 
         by_state: dict[str, int] = {}
         failed_phase: dict[str, int] = {}
@@ -178,7 +178,7 @@ class GpuCollector(Collector):
 
     def _gauges(self) -> Iterable[Metric]:
         params = {"window_s": self.window_s, "per_instance": self.max_series_per_instance, "total": self.max_series}
-        with reads.deadline_cursor(self.reader, self.timeout_s) as cur:
+        with self.reader.deadline_cursor(self.timeout_s) as cur:
             rows = cur.execute(GPU_LATEST, params).fetchall()
         if not rows:
             return

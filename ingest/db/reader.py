@@ -19,7 +19,8 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import duckdb
 
@@ -87,7 +88,7 @@ class Reader:
 
     # -- cursors ---------------------------------------------------------------------------------
     def open_cursor(self) -> duckdb.DuckDBPyConnection:
-        """A tracked cursor (``reads.deadline_cursor`` takes these); give it back with close_cursor."""
+        """A tracked cursor (interrupted by ``suspend``); give it back with close_cursor."""
         with self._cond:
             if self._root is None:
                 raise StorageUnavailable("the database is being reopened; retry later", retry_after_s=self.retry_after_s)
@@ -102,6 +103,25 @@ class Reader:
             with self._cond:
                 self._active.discard(cursor)
                 self._cond.notify_all()
+
+    @contextmanager
+    def deadline_cursor(self, timeout_s: float) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A tracked cursor of its own, interrupted after ``timeout_s`` (``reads.deadline_cursor``)."""
+        cursor = self.open_cursor()
+        try:
+            with reads.deadline_cursor(cursor, timeout_s) as cur:
+                yield cur
+        finally:
+            self.close_cursor(cursor)
+
+    def read(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """(Blocking.) ``fn(cursor, timeout_s, *args, **kwargs)`` (a function of ingest/db/reads.py) on a
+        tracked cursor of its own, closed after."""
+        cursor = self.open_cursor()
+        try:
+            return fn(cursor, self.timeout_s, *args, **kwargs)
+        finally:
+            self.close_cursor(cursor)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """An untracked cursor for start-up and tests; the caller closes it."""
@@ -142,7 +162,7 @@ class Reader:
 
         def run() -> None:
             try:
-                with reads.deadline_cursor(self, REFINE_TIMEOUT_S) as cur:
+                with self.deadline_cursor(REFINE_TIMEOUT_S) as cur:
                     narrowed = self.index.refine(cur, self.tail.capacity)
                 logger.info("tail windows narrowed for %d streams", narrowed)
             except Exception as e:  # the wide windows stay: slower first tails, never wrong ones
@@ -156,7 +176,7 @@ class Reader:
     async def _run(self, api: str, fn: Callable, *args: Any, pool: ThreadPoolExecutor | None = None, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
-            call = functools.partial(fn, self, self.timeout_s, *args, **kwargs)
+            call = functools.partial(self.read, fn, *args, **kwargs)
             return await asyncio.get_running_loop().run_in_executor(pool or self._pool, call)
         finally:
             self.metrics.query_seconds.labels(api=api).observe(time.perf_counter() - started)

@@ -38,24 +38,19 @@ logger = logging.getLogger(__name__)
 
 @contextmanager
 def deadline_cursor(con: duckdb.DuckDBPyConnection, timeout_s: float) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A cursor of ``con`` (a connection, or the Reader, which tracks its cursors) that is interrupted
-    after ``timeout_s``."""
-    opener = getattr(con, "open_cursor", None)
-    cursor = opener() if opener else con.cursor()
-    timer = threading.Timer(timeout_s, cursor.interrupt)
+    """``con`` itself (a DuckDB connection or cursor that one thread uses: the Reader hands each read
+    a tracked cursor of its own, ``Reader.read``), interrupted after ``timeout_s``, DuckDB's errors
+    translated. The caller closes it."""
+    timer = threading.Timer(timeout_s, con.interrupt)
     timer.start()
     try:
-        yield cursor
+        yield con
     except duckdb.InterruptException as e:
         raise QueryTimeout(f"query interrupted after {timeout_s} s") from e
     except (duckdb.FatalException, duckdb.IOException) as e:
         raise StorageUnavailable(f"the database cannot be read right now ({type(e).__name__}); retry later") from e
     finally:
         timer.cancel()
-        if opener:
-            con.close_cursor(cursor)
-        else:
-            cursor.close()
 
 
 def run_under_deadline(cur: duckdb.DuckDBPyConnection, timeout_s: float, run: Callable[[], Any]

@@ -21,7 +21,7 @@ from ingest.db import enrollment
 from ingest.timestamps import utcnow
 
 if TYPE_CHECKING:
-    from ingest.policy.engine import Rule
+    from ingest.db.sqlfiles import Rule
 
 INTERNAL_ACTIONS = {"exclude_host", "mark_stale"}  # recorded as executed: nothing leaves fleetlog
 

@@ -60,7 +60,7 @@ from ingest.policy.notify import Notifier
 from ingest.metrics import IngestMetrics
 from ingest.db import writes
 from ingest.db.sqlfiles import Rule
-from ingest.db.reads import (deadline_cursor, decisions_by_id, evaluate_rule, instance_state,
+from ingest.db.reads import (decisions_by_id, evaluate_rule, instance_state,
                              proposed_actions, run_under_deadline)
 from ingest.db.seqindex import StreamIndex
 from ingest.db.tailcache import TailCache
@@ -218,7 +218,7 @@ class PolicyEngine:
         return self.timeout_s * (len(self.rules) + 1)
 
     def _classify(self, rule: Rule, params: dict[str, Any], errors: dict[str, str]) -> list[tuple]:
-        with deadline_cursor(self.con, self._budget_s()) as cur:
+        with self.con.deadline_cursor(self._budget_s()) as cur:
             rows = self._run_rule(rule, cur, lambda: cur.execute(rule.sql, {p: params[p] for p in rule.params}).fetchall(),
                                   errors)
         if rows is not None:
@@ -231,7 +231,7 @@ class PolicyEngine:
         a rule that fails is noted in ``errors`` and decides nothing."""
         errors = {} if errors is None else errors
         decided = []
-        with deadline_cursor(self.con, self._budget_s()) as cur:
+        with self.con.deadline_cursor(self._budget_s()) as cur:
             for rule in self.rules:
                 if rule.output == "classify" or (only is not None and rule.name not in only):
                     continue
@@ -394,17 +394,17 @@ class PolicyEngine:
         return self._evaluate(self.params.values(now), errors=failed, only=self._needed(names)), failed
 
     def _decisions(self, ids: list[int]) -> list[dict[str, Any]]:
-        return decisions_by_id(self.con, self.timeout_s, ids)
+        return self.con.read(decisions_by_id, ids)
 
     async def close(self, timeout_s: float = 5.0) -> None:
         """Let the notifications in flight finish (at most ``timeout_s``)."""
         await self.notifier.drain(timeout_s)
 
     def _proposed(self) -> list[dict[str, Any]]:
-        return proposed_actions(self.con, self.timeout_s)
+        return self.con.read(proposed_actions)
 
     def _instance_state(self, instance_id: str) -> str | None:
-        return instance_state(self.con, self.timeout_s, instance_id)
+        return self.con.read(instance_state, instance_id)
 
     # -- the timer -------------------------------------------------------------------------------
     async def run_forever(self, interval_s: float, execute: bool, stop: asyncio.Event) -> None:
