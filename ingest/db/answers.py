@@ -1,7 +1,7 @@
 """A user query's answer, bounded in bytes: the SQL API's JSON, CSV or Arrow IPC stream.
 
 Rows are capped (``query_max_rows``) and so are bytes (``query_max_result_bytes``). The checked SELECT
-(``reads.user_select``) runs on its own thread and its result is taken from DuckDB's streaming result
+(``usersql.user_select``) runs on its own thread and its result is taken from DuckDB's streaming result
 a slice at a time (``fetchmany`` for JSON and CSV, Arrow record batches for Arrow); each slice is
 rendered at once and counted, so what the answer holds is its rendered bytes and one slice:
 
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import orjson
 
-from ingest.db import reads
+from ingest.db import usersql
 from ingest.errors import PayloadTooLarge, QueryTimeout
 
 SLICE_BYTES = 1 << 20  # rendered bytes aimed at per slice: the rows per fetch follow the rows' width
@@ -145,12 +145,12 @@ FORMATS = {"json": _json, "csv": _csv, "arrow": _arrow}
 
 def answer(con, sql: str, timeout_s: float, *, params: dict[str, Any] | None, fmt: str, max_rows: int, max_bytes: int,
            cover: Callable[[int], None] = lambda n: None) -> Answer:
-    """Run a checked SELECT (``reads.user_select``) and render its answer in ``fmt`` (see the module)."""
+    """Run a checked SELECT (``usersql.user_select``) and render its answer in ``fmt`` (see the module)."""
     deadline = time.monotonic() + timeout_s
     render = FORMATS[fmt]
-    reads.check_select(sql)  # refuse before taking a cursor
+    usersql.check_select(sql)  # refuse before taking a cursor
     tally = _Tally(max_bytes, deadline, timeout_s, cover)
-    with reads.user_select(con, sql, timeout_s) as cur:
+    with usersql.user_select(con, sql, timeout_s) as cur:
         cur.execute(sql, params or None)
         truncated, content_type = render(cur, max_rows, tally)
     return Answer(tally.parts, tally.size, truncated, content_type)

@@ -18,7 +18,7 @@ import duckdb
 
 from ingest.config import Settings
 from ingest.errors import StoreError
-from ingest.db import reads, searchtokens as tokens, store, writes
+from ingest.db import reads, searchtokens as tokens, store, usersql, writes
 from ingest.metrics import IngestMetrics
 from ingest.db.reader import Reader
 from ingest.db.seqindex import StreamIndex
@@ -207,7 +207,7 @@ def query_file(path: str, sql: str, timeout_s: float, max_rows: int, params: dic
     except duckdb.Error as e:
         raise StoreError(f"{e}\n(is a server holding the database? then leave out --db: the server answers)") from e
     try:
-        columns, rows, _ = reads.run_select(con, sql, timeout_s, max_rows, params)
+        columns, rows, _ = usersql.run_select(con, sql, timeout_s, max_rows, params)
     finally:
         con.close()
     return columns, rows

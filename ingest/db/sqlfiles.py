@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ingest.db.reads import check_select
+from ingest.db.usersql import check_select
 from ingest.errors import ConfigError, QueryError
 
 _NEEDS = re.compile(r"^--\s*needs:\s*([a-z0-9_,\s]+?)\s*$", re.MULTILINE)
