@@ -177,7 +177,8 @@ async def tails(url: str, keys: list[tuple[str, str]]) -> list[float]:
 def has_windows(repo: Path) -> bool:
     """Whether the server code at ``repo`` narrows tail windows at start-up (ingest/tailload.py before
     the one load_tail, ``Reader.refine_tail_windows`` since)."""
-    reader = repo / "ingest" / "reader.py"
+    reader = next((p for p in (repo / "ingest" / "db" / "reader.py", repo / "ingest" / "reader.py") if p.exists()),
+                  repo / "ingest" / "reader.py")
     return (repo / "ingest" / "tailload.py").exists() or (reader.exists() and "def refine_tail_windows" in reader.read_text())
 
 

@@ -34,6 +34,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -127,10 +128,16 @@ INSERT INTO schema_migrations (version, name)
 def _lake_tables(migrations: list[tuple[int, str, str]]) -> list[str]:
     """CREATE TABLE of the lake's tables (LAKE_TABLES) as the migrations leave them: they are applied to
     an empty in-memory DuckDB and the columns read back, so the logs DDL is written once, in the
-    migrations (JSON is VARCHAR to the lake; compression and keys are the file's own)."""
+    migrations (JSON is VARCHAR to the lake; compression and keys are the file's own). Once per
+    process and list (applying them costs a few hundred ms)."""
+    return list(_lake_tables_of(tuple(migrations)))
+
+
+@functools.lru_cache(maxsize=4)
+def _lake_tables_of(migrations: tuple[tuple[int, str, str], ...]) -> tuple[str, ...]:
     scratch = duckdb.connect(":memory:")
     try:
-        store.migrate(scratch, migrations)
+        store.migrate(scratch, list(migrations))
         out = []
         for table in LAKE_TABLES:
             columns = scratch.execute("SELECT column_name, data_type, is_nullable FROM duckdb_columns() "
@@ -138,7 +145,7 @@ def _lake_tables(migrations: list[tuple[int, str, str]]) -> list[str]:
             body = ",\n    ".join(f"{name:<12} {'VARCHAR' if kind == 'JSON' else kind}{'' if nullable else ' NOT NULL'}"
                                   for name, kind, nullable in columns)
             out.append(f"CREATE TABLE IF NOT EXISTS {LAKE}.{table} (\n    {body}\n)")
-        return out
+        return tuple(out)
     finally:
         scratch.close()
 
