@@ -146,7 +146,7 @@ def env_names() -> dict[str, str]:
     return {f.name: _env_name(f) for f in dataclasses.fields(AgentSettings)}
 
 
-MAX_NAME_CHARS = 128  # the server's id rule (ingest/codec.py check_id, check_source)
+MAX_NAME_CHARS = 128  # the server's id rule (ingest/contract/codec.py check_id, check_source)
 
 
 def check_name(value: str, where: str, *, source: bool = False) -> str:

@@ -33,7 +33,7 @@ from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 
 from ingest.app import create_app  # noqa: E402
 from ingest.config import Settings  # noqa: E402
-from ingest.keys import CORE, DB, WRITER  # noqa: E402
+from ingest.web.keys import CORE, DB, WRITER  # noqa: E402
 from tests.fleet import push_lines, utcnow  # noqa: E402
 from tests.test_policy_cycle import backlog  # noqa: E402
 
@@ -68,7 +68,7 @@ async def classify_s(client) -> tuple[float, int]:
     took = time.perf_counter() - started
     if errors:
         raise SystemExit(f"the rule failed: {errors}")
-    from ingest.policy import _store_classes
+    from ingest.db.writes import store_classes as _store_classes
 
     await client.app[WRITER].execute(lambda con: _store_classes(con, rows, utcnow()), kind="policy")
     return took, len(rows)

@@ -39,7 +39,7 @@ import orjson  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from bench.common import SOURCES, Server, make_line, percentile  # noqa: E402
-from ingest import store  # noqa: E402
+from ingest.db import store  # noqa: E402
 
 LINES = int(os.environ.get("BENCH_LINES", "500000"))
 CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "8,64").split(",")]

@@ -132,7 +132,7 @@ def main() -> None:
             nodes = LakeNodes(3, dsn, tmp)
             try:
                 slots = owners(dsn)
-                owner_url = lambda instance: slots[zlib.crc32(instance.encode()) % 64]  # noqa: E731 (ingest.slots.slot_of)
+                owner_url = lambda instance: slots[zlib.crc32(instance.encode()) % 64]  # noqa: E731 (ingest.db.lake.slots.slot_of)
                 print(f"{'':22} {'lines/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'x direct lines/s':>17} {'x direct p50':>13}")
                 for round_ in range(args.rounds):
                     for kind in ("log-push", "otlp-http"):

@@ -4,7 +4,7 @@ retention, measured in the same run on the same nodes.
 
 Rounds alternate: ingest alone, then ingest while this process carries out retention deletes one
 after another, each the way a node's writer does (``lake.write_batch`` with a ``lake.LakeAction``
-inside the delete window, ingest/lakejobs.py), each deleting one stale instance seeded beforehand.
+inside the delete window, ingest/db/lake/jobs.py), each deleting one stale instance seeded beforehand.
 A last round runs the same deletes without the window (the DuckLake DELETE as it was before), to
 count how many of them commit beside ingest (and how many pushes fail: a DELETE that wins makes the
 inserts around it fail). Printed: lines/s, push p50/p99 and failed pushes per round, deletes
@@ -37,11 +37,11 @@ class Deleter:
     """Retention deletes, one stale instance each, one after another until stopped."""
 
     def __init__(self, dsn: str, data: Path, stale: list[str], windowed: bool) -> None:
-        from ingest import lake, lakejobs
-        from ingest.codec import MetricRows
+        from ingest.db.lake import storage as lake, jobs as lakejobs
+        from ingest.contract.codec import MetricRows
         from ingest.timestamps import now_us
-        from ingest.policy import _delete_logs
-        from ingest.store import LogColumns
+        from ingest.db.writes import delete_logs as _delete_logs
+        from ingest.db.store import LogColumns
 
         self.con = lake.open_lake(dsn, str(data))
         self.window = lakejobs.DeleteWindow(dsn.removeprefix("postgres:")) if windowed else None

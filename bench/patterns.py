@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import duckdb  # noqa: E402
 
 from bench.common import make_line  # noqa: E402
-from ingest import store  # noqa: E402
+from ingest.db import store  # noqa: E402
 
 LINES = int(os.environ.get("BENCH_LINES", "200000"))
 OOM = "(?i)(out of memory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|memory allocation failed|cannot allocate memory)"

@@ -32,7 +32,7 @@ from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 
 from ingest.app import create_app  # noqa: E402
 from ingest.config import Settings  # noqa: E402
-from ingest.keys import CORE  # noqa: E402
+from ingest.web.keys import CORE  # noqa: E402
 from tests.fleet import bulk_fleet, utcnow  # noqa: E402
 
 LINES = int(os.environ.get("BENCH_LINES", "100"))

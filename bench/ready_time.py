@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Server  # noqa: E402
-from ingest import store  # noqa: E402
+from ingest.db import store  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_READY_ROWS", "10000000"))
 RUNS = int(os.environ.get("BENCH_READY_RUNS", "3"))

@@ -3,7 +3,7 @@
 The database is filled with BENCH_SEARCH_ROWS rows (default 10 M) in arrival order, 400 instances x
 5 sources interleaved in 1,000-line bodies, spread over BENCH_SEARCH_SPAN_H hours ending now
 (default 24: every row is in the window, the worst case). One line in 100,000 is an out-of-memory
-error. Then ``ingest.search.search`` (what the handler runs, on a cursor with a deadline) answers a
+error. Then ``ingest.db.search.search`` (what the handler runs, on a cursor with a deadline) answers a
 mix of questions, each BENCH_SEARCH_REPEAT times:
 - a rare phrase ("out of memory": ~100 hits, the whole window scanned);
 - a common word (hits the limit of 100 at once);
@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import percentile  # noqa: E402
-from ingest import search, store, tokens  # noqa: E402
+from ingest.db import search, store, searchtokens as tokens  # noqa: E402
 from ingest.timestamps import now_us  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_SEARCH_ROWS", "10000000"))

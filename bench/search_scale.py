@@ -37,8 +37,8 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from bench.common import percentile  # noqa: E402
 from bench.storage_bytes import make_line  # noqa: E402
-from ingest import search, store, tokens  # noqa: E402
-from ingest.codec import MetricRows  # noqa: E402
+from ingest.db import search, store, searchtokens as tokens  # noqa: E402
+from ingest.contract.codec import MetricRows  # noqa: E402
 
 LINES = int(os.environ.get("BENCH_SEARCH_LINES", "2000000"))
 REPEAT = int(os.environ.get("BENCH_SEARCH_REPEAT", "20"))

@@ -4,7 +4,7 @@ The generator mixes what a proving daemon, its benchmark and the entrypoint prin
 syslog-style timestamps, log levels, Rust module paths, request/proof ids (UUIDs, hex hashes,
 CIDs), sector numbers, durations, byte sizes, file paths, gRPC status lines, occasional
 multi-field JSON lines and stack-trace frames. Lines go into fleetlog's real ``logs`` table
-(ingest/store.py's schema, opened through ``store.open_database``) in 100k-row Arrow inserts, one
+(ingest/db/store.py's schema, opened through ``store.open_database``) in 100k-row Arrow inserts, one
 stream per (instance, source) as the writer stores them, then the file is checkpointed.
 
 Printed, in the same run: the raw text bytes, zstd (level 3) and gzip (level 6) of the same text
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import duckdb  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from ingest import store  # noqa: E402
+from ingest.db import store  # noqa: E402
 
 LINES = int(os.environ.get("BENCH_STORAGE_LINES", "1000000"))
 INSTANCES = 40

@@ -42,8 +42,8 @@ import orjson  # noqa: E402
 from bench import common  # noqa: E402
 from bench.common import Server, make_line, percentile  # noqa: E402
 from bench.ingest_throughput import _send_all  # noqa: E402
-from ingest import reads, store  # noqa: E402
-from ingest.streams import StreamIndex  # noqa: E402
+from ingest.db import reads, store  # noqa: E402
+from ingest.db.seqindex import StreamIndex  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_TAIL_ROWS", "10000000"))
 REQUESTS = int(os.environ.get("BENCH_TAIL_REQUESTS", "2000"))
@@ -177,7 +177,8 @@ async def tails(url: str, keys: list[tuple[str, str]]) -> list[float]:
 def has_windows(repo: Path) -> bool:
     """Whether the server code at ``repo`` narrows tail windows at start-up (ingest/tailload.py before
     the one load_tail, ``Reader.refine_tail_windows`` since)."""
-    reader = repo / "ingest" / "reader.py"
+    reader = next((p for p in (repo / "ingest" / "db" / "reader.py", repo / "ingest" / "reader.py") if p.exists()),
+                  repo / "ingest" / "reader.py")
     return (repo / "ingest" / "tailload.py").exists() or (reader.exists() and "def refine_tail_windows" in reader.read_text())
 
 

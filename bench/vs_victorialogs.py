@@ -54,7 +54,7 @@ import pyarrow.compute as pc  # noqa: E402
 from bench import peer, search_scale  # noqa: E402
 from bench.common import Server, percentile  # noqa: E402
 from bench.storage_bytes import make_line  # noqa: E402
-from ingest import search, store, tokens  # noqa: E402
+from ingest.db import search, store, searchtokens as tokens  # noqa: E402
 
 STREAMS = 600  # 200 instances x 3 sources
 CASES = {"rare phrase": ("out of memory", '"out of memory"', 10), "nowhere": ("no such text anywhere", '"no such text anywhere"', 0),

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import duckdb
 
-from ingest import queryfiles, store
+from ingest.db import sqlfiles as queryfiles, store
 
 HERE = Path(__file__).resolve().parent
 QUERIES = HERE.parent / "queries"

@@ -22,7 +22,7 @@ WORKDIR /opt/fleetlog
 COPY pyproject.toml README.md ./
 RUN --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && mkdir -p agent ingest/handlers && touch agent/__init__.py ingest/__init__.py ingest/handlers/__init__.py \
+    && mkdir -p agent ingest/web && touch agent/__init__.py ingest/__init__.py ingest/web/__init__.py \
     && /opt/fleetlog-agent/bin/pip install --no-cache-dir --disable-pip-version-check --quiet ".[agent]" \
     && /opt/fleetlog-agent/bin/pip uninstall --quiet --yes fleetlog \
     && rm -rf agent ingest build ./*.egg-info
@@ -30,7 +30,7 @@ RUN --mount=type=secret,id=ca \
 COPY agent ./agent
 RUN --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && mkdir -p ingest/handlers && touch ingest/__init__.py ingest/handlers/__init__.py \
+    && mkdir -p ingest/web && touch ingest/__init__.py ingest/web/__init__.py \
     && /opt/fleetlog-agent/bin/pip install --no-cache-dir --disable-pip-version-check --quiet --no-deps . \
     && rm -rf /opt/fleetlog-agent/lib/python3.11/site-packages/ingest /opt/fleetlog-agent/bin/fleetlog \
     && cd / && rm -rf /opt/fleetlog && /opt/fleetlog-agent/bin/fleetlog-agent --help >/dev/null

@@ -27,7 +27,7 @@ WORKDIR /opt/fleetlog
 COPY pyproject.toml README.md ./
 RUN --mount=type=secret,id=ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
-    && mkdir -p agent ingest/handlers && touch agent/__init__.py ingest/__init__.py ingest/handlers/__init__.py \
+    && mkdir -p agent ingest/web && touch agent/__init__.py ingest/__init__.py ingest/web/__init__.py \
     && /opt/fleetlog-venv/bin/pip install --no-cache-dir --disable-pip-version-check --quiet ".[${EXTRA}]" \
     && /opt/fleetlog-venv/bin/pip uninstall --quiet --yes fleetlog \
     && rm -rf agent ingest build ./*.egg-info
@@ -41,7 +41,7 @@ RUN --mount=type=secret,id=ca \
     && cd /opt/fleetlog-venv/lib/python3.11/site-packages/pyarrow \
     && rm -rf tests include _flight.* libarrow_flight.* libarrow_python_flight.* _s3fs.* libarrow_s3.* _pyarrow_cpp_tests.* \
     && cd / && /opt/fleetlog-venv/bin/python -c "import duckdb, pyarrow, grpc, ingest.app" \
-    && if [ "$EXTRA" = lake ]; then /opt/fleetlog-venv/bin/python -c "import ingest.lake, ingest.slots; ingest.lake._extension_files()" \
+    && if [ "$EXTRA" = lake ]; then /opt/fleetlog-venv/bin/python -c "import ingest.db.lake.storage, ingest.db.lake.slots; ingest.db.lake.storage._extension_files()" \
         && rm -rf /tmp/fleetlog-duckdb-extensions-*; fi
 
 FROM python

@@ -8,27 +8,24 @@ import logging
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from ingest import forward, otlpgrpc
-from ingest.auth import InstanceRateLimiter, SharedTokens, TokenBook, build_auth_middleware
+from ingest.web import forward, otlp_grpc as otlpgrpc
+from ingest.auth import InstanceRateLimiter, TokenBook, build_auth_middleware
 from ingest.budget import MemoryBudget
 from ingest.config import Settings
 from ingest.core import Core
-from ingest.handlers import admin, health, hosts, otlp, page, push, query, read
-from ingest.handlers import queries as query_files, search as search_handlers
-from ingest.handlers.http import build_body_middleware, build_error_middleware, close_after_unread_body
-from ingest.keys import BUDGET, CORE, DB, ENROLL_LIMITER, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
-from ingest.observe import IngestMetrics, LiveStateCollector
+from ingest.db.lake.tokens import SharedTokens
+from ingest.web import instances as admin, health, hosts, otlp, page, push, query, logs as read
+from ingest.web import queries as query_files, search as search_handlers
+from ingest.web.http import build_body_middleware, build_error_middleware, close_after_unread_body
+from ingest.web.keys import BUDGET, CORE, DB, ENROLL_LIMITER, INDEX, LIMITER, METRICS, OTLP_GRPC_PORT, SETTINGS, TAIL, TOKENS, WRITER
+from ingest.metrics import IngestMetrics, LiveStateCollector
 
 logger = logging.getLogger(__name__)
 
 
 async def _core(app: web.Application) -> None:
     core = Core.open(app[SETTINGS], app[METRICS])
-    cursor = core.reader.cursor()
-    try:
-        app[TOKENS].load(cursor)
-    finally:
-        cursor.close()
+    app[TOKENS].load(core.db.instance_tokens())
     app[CORE] = core
     app[DB], app[INDEX], app[TAIL], app[WRITER] = core.reader, core.index, core.tail, core.writer
     yield
@@ -62,7 +59,7 @@ async def _otlp_grpc(app: web.Application) -> None:
 
 
 async def _shared_tokens(app: web.Application) -> None:
-    """Lake mode: instance tokens issued or revoked on any node hold on this one (ingest/auth.py)."""
+    """Lake mode: instance tokens issued or revoked on any node hold on this one (ingest/db/lake/tokens.py)."""
     book = app[TOKENS]
     book.shared = SharedTokens(book, app[SETTINGS].lake.removeprefix("postgres:"), retry_after_s=app[SETTINGS].retry_after_s)
     await book.shared.start()

@@ -9,7 +9,7 @@ that declares a large body and sends one byte holds one byte. Once the whole bod
 before it is parsed, the charge grows to ``EXPANSION`` bytes per body byte, held until the reply
 (parse, the writer queue and the commit all happen inside that window, so the writer queue is
 bounded in bytes by the same charge). When the share is spent the request gets 503 + Retry-After
-and nothing more of it is read (``handlers/http.close_after_unread_body``).
+and nothing more of it is read (``web/http.close_after_unread_body``).
 A SQL API answer is charged its bytes as it is rendered, until it is sent (``ResultCharge``).
 
 The interpreter's own baseline (modules, DuckDB's code, thread stacks) is not part of the budget.

@@ -21,6 +21,7 @@ of fleetlog.toml (default the serve settings' address), with ``--token`` / ``FLE
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import asyncio
 import logging
 import sys
@@ -162,10 +163,9 @@ SERVER_EXTRA = "pip install 'fleetlog[server]'"
 def _server_modules(command: str) -> bool:
     """Whether the server's dependencies (the ``server`` extra) are installed; if not, say which install
     brings them, in one line (an agent-only install has the ``fleetlog`` command too)."""
-    try:
-        import duckdb, grpc, prometheus_client  # noqa: F401, E401
-    except ModuleNotFoundError as e:
-        print(f"fleetlog {command}: the server's dependencies are not installed (no module {e.name}): "
+    missing = [name for name in ("duckdb", "grpc", "prometheus_client") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"fleetlog {command}: the server's dependencies are not installed (no module {missing[0]}): "
               f"{SERVER_EXTRA}", file=sys.stderr)
         return False
     return True
@@ -196,9 +196,9 @@ def serve(args: dict) -> int:
 
 def _serve_app(app, settings: config.Settings) -> None:
     """The listener: a cap on open connections, header, body and idle timeouts, rate-limited logs."""
-    from ingest import listener
-    from ingest.keys import METRICS
-    from ingest.observe import LiveStateCollector
+    from ingest.web import listener
+    from ingest.web.keys import METRICS
+    from ingest.metrics import LiveStateCollector
 
     from ingest.budget import tune_allocator
 
@@ -307,16 +307,16 @@ def _policy_via_server(client: Client, once: bool, execute: bool, fmt: str, inte
 async def _policy_local(settings: config.Settings, once: bool, execute: bool, fmt: str) -> int:
     from prometheus_client import CollectorRegistry
 
-    from ingest import reads
+    from ingest.db import reads
     from ingest.core import Core
-    from ingest.observe import IngestMetrics
+    from ingest.metrics import IngestMetrics
 
     core = Core.open(settings, IngestMetrics(CollectorRegistry()))
     try:
         while True:
             report = (await core.policy.run_cycle(execute)).as_dict()
-            decisions = reads.decisions(core.reader, settings.query_timeout_s, state=None, action=None, subject=None,
-                                        limit=10_000) if _decided_ids(report) or execute else []
+            decisions = core.reader.read(reads.decisions, state=None, action=None, subject=None,
+                                         limit=10_000) if _decided_ids(report) or execute else []
             status = print_report(report, decisions, not_done(report, decisions), fmt)
             if once or settings.policy_interval_s <= 0:
                 return status
@@ -339,13 +339,13 @@ def _query_file(name: str, queries_dir: Path) -> Path:
     path = Path(name)
     if path.exists() or "/" in name:
         return path
-    from ingest import queryfiles
+    from ingest.db import sqlfiles as queryfiles
 
     return queryfiles.find(name.removesuffix(".sql"), queries_dir)
 
 
 def query(args: dict) -> int:
-    from ingest import queryfiles
+    from ingest.db import sqlfiles as queryfiles
     from ingest.errors import QueryError, QueryTimeout
 
     if bool(args["sql"]) == bool(args["file"]):
@@ -387,22 +387,12 @@ def query(args: dict) -> int:
 
 
 def _query_local(settings: config.Settings, sql: str, given: dict) -> tuple[list[str], list[list]]:
-    import duckdb
-
-    from ingest import queryfiles, reads
+    from ingest.db import sqlfiles as queryfiles
+    from ingest.db.database import query_file
     from ingest.timestamps import utcnow
 
     params = queryfiles.bind(sql, given, {"now": utcnow(), "min_rate": settings.min_rate})
-    if not Path(settings.db).exists():
-        raise StoreError(f"no database at {settings.db}")
-    try:
-        con = duckdb.connect(settings.db, read_only=True)
-    except duckdb.Error as e:
-        raise StoreError(f"{e}\n(is a server holding the database? then leave out --db: the server answers)") from e
-    try:
-        columns, rows, _ = reads.run_select(con, sql, settings.query_timeout_s * 6, 1_000_000, params)
-    finally:
-        con.close()
+    columns, rows = query_file(settings.db, sql, settings.query_timeout_s * 6, 1_000_000, params)
     return columns, [list(r) for r in rows]
 
 

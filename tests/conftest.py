@@ -19,7 +19,7 @@ import pytest
 
 from ingest.app import create_app
 from ingest.config import Settings
-from ingest.keys import WRITER
+from ingest.web.keys import WRITER
 
 REPO = Path(__file__).resolve().parent.parent
 

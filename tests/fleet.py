@@ -148,13 +148,13 @@ async def degraded_machine(client, done: dt.datetime) -> None:
 
 # -- helpers of the policy tests (a running app from aiohttp_client) ------------------------------
 async def run_policies(client, execute: bool = False, now: dt.datetime | None = None):
-    from ingest.keys import CORE
+    from ingest.web.keys import CORE
 
     return await client.app[CORE].policy.run_cycle(execute, now=now)
 
 
 def rows(client, sql, params=()):
-    from ingest.keys import DB
+    from ingest.web.keys import DB
 
     cur = client.app[DB].cursor()
     try:
@@ -187,8 +187,8 @@ async def bulk_fleet(client, n: int, done: dt.datetime, *, lines: int = 100, sam
     per stream (setup, benchout, benchdaemon; the last daemon line of a failed run is a CUDA OOM) and
     ``samples`` DCGM samples per metric (4 metrics, 5 s apart, up to the run's end) in one statement
     each. Logs complete, except the hung instances' (no logs_complete)."""
-    from ingest.codec import Event
-    from ingest.keys import WRITER
+    from ingest.contract.codec import Event
+    from ingest.web.keys import WRITER
 
     writer = client.app[WRITER]
     us = lambda t: int((t - dt.datetime(1970, 1, 1)).total_seconds() * 1_000_000)  # noqa: E731

@@ -21,8 +21,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.app import create_app
-from ingest.keys import CORE
-from ingest.policy import Rule
+from ingest.web.keys import CORE
+from ingest.db.sqlfiles import Rule
 from tests.conftest import REPO
 from tests.fleet import demo_fleet, utcnow
 

@@ -19,8 +19,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from ingest.app import create_app
 from ingest.config import Settings
 from ingest.errors import ConfigError
-from ingest.tailcache import TailCache
-from ingest.keys import BUDGET, OTLP_GRPC_PORT
+from ingest.db.tailcache import TailCache
+from ingest.web.keys import BUDGET, OTLP_GRPC_PORT
 from tests.conftest import free_port
 from tests.fleet import rows
 

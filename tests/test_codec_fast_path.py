@@ -8,7 +8,7 @@ import json
 import orjson
 from hypothesis import given, settings, strategies as st
 
-from ingest import codec
+from ingest.contract import codec
 from ingest.errors import RequestError
 
 def mostly(good, bad):

@@ -9,7 +9,7 @@ import socket
 import time
 import urllib.request
 
-from ingest.listener import QuietLogs
+from ingest.web.listener import QuietLogs
 
 
 def _get(url: str, timeout: float = 5) -> tuple[int, bytes, float]:

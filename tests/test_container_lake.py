@@ -11,7 +11,7 @@ import uuid
 import orjson
 import pytest
 
-from ingest.slots import slot_of
+from ingest.db.lake.slots import slot_of
 from tests.conftest import REPO, free_port
 from tests.lake_pg import postgres  # noqa: F401 (a fixture)
 from tests.test_container import BUILD_TIMEOUT_S, TOKENS, VERSION, Containers, find_engine, run, wait_for

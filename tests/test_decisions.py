@@ -13,8 +13,8 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.app import create_app
-from ingest.keys import CORE
-from ingest.queryfiles import compose
+from ingest.web.keys import CORE
+from ingest.db.sqlfiles import compose
 from tests.conftest import REPO
 from tests.fleet import (bench_instance, complete_logs, demo_fleet, get, hung_instance, incident, iso, log_push,
                          params_failure, post, push_lines, rows, run_policies, utcnow)
@@ -406,8 +406,8 @@ async def test_unreachable_notify_webhook_is_counted(aiohttp_client, policy_sett
 async def test_one_webhook_client_posts_json_and_names_an_unreachable_hook(aiohttp_server):
     """``notify.post_json`` serves the notifier and the webhook actuator alike: naive datetimes go out
     as UTC, the answer comes back as (status, text), and no answer is one error."""
-    from ingest.actuator import ActuationError, WebhookActuator
-    from ingest.notify import WebhookUnreachable, post_json
+    from ingest.policy.actuator import ActuationError, WebhookActuator
+    from ingest.policy.notify import WebhookUnreachable, post_json
     from tests.conftest import free_port
 
     hook, url = await recorder(aiohttp_server)

@@ -112,7 +112,7 @@ async def test_invalidated_database_is_reopened_and_keeps_every_acknowledged_lin
     disk: 503 with Retry-After, not ready, then a reopen by itself (the fault injected at the store)."""
     import duckdb
 
-    from ingest import store
+    from ingest.db import store
     from ingest.errors import StoreError
 
     client = await make_client(retry_after_s=1)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ingest import search, store, tokens
+from ingest.db import search, store, searchtokens as tokens
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("pandas") is not None, reason="pandas is installed: nothing searched")
 

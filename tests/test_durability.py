@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import orjson
 
-from ingest import store
+from ingest.db import store
 from tests.conftest import read_db
 
 

@@ -1,4 +1,4 @@
-"""Lake mode's split of a JSON push by owner (ingest/forward.py ``split_json``), on its own: what it
+"""Lake mode's split of a JSON push by owner (ingest/web/forward.py ``split_json``), on its own: what it
 keeps of the body, and what it holds while it works. The node that splits a body is charged
 ``EXPANSION`` bytes per body byte (ingest/budget.py), for the split, its own part's parse and the
 wait for the owners together: the split itself must take a small share of that."""
@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from ingest.budget import EXPANSION
-from ingest.forward import split_json
+from ingest.web.forward import split_json
 
 
 def logs_body(instances: list[str], lines: int, line: str = "x" * 10) -> bytes:
@@ -75,7 +75,7 @@ async def test_a_hung_owner_does_not_hold_the_forwards_to_a_healthy_one(aiohttp_
 
     from aiohttp import web
 
-    from ingest.forward import Forwarder, forward_session
+    from ingest.web.forward import Forwarder, forward_session
 
     release = asyncio.Event()
     arrived = 0

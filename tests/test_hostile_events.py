@@ -12,7 +12,7 @@ import orjson
 import psycopg
 import pytest
 
-from ingest import store
+from ingest.db import store
 from ingest.app import create_app
 from tests.fleet import get, incident, iso, rows, run_policies, utcnow
 from tests.lake_pg import postgres  # noqa: F401 (a fixture)

@@ -10,8 +10,8 @@ import sys
 import orjson
 import pytest
 
-from ingest.actuator import ActuationError, CommandActuator
-from ingest.keys import DB
+from ingest.policy.actuator import ActuationError, CommandActuator
+from ingest.web.keys import DB
 
 BAD_IDS = ["--help", "-rf", "C.1\x1b[31m", "C.1\tx", "C.\u202e1", "C.\u200b1", "x" * 129, "", "  "]
 GOOD_IDS = ["C.32733029", "a-b_c.d:e/f", "gpu 0", "Ünïcode-ok", "x" * 128]

@@ -77,7 +77,7 @@ async def test_duckdb_threads_are_one_on_a_small_host_and_one_per_core_on_a_big_
     small host that costs more than parallel scans gain, on a big one queries scan on every core."""
     import os
 
-    from ingest import store
+    from ingest.db import store
 
     cores = len(os.sched_getaffinity(0))
     client = await make_client()
@@ -111,7 +111,7 @@ def test_log_text_is_stored_with_zstd(tmp_path):
     default strings, bench/storage_bytes.py). DuckDB 1.5.5 applies zstd to strings only in files of
     storage version v1.2.0 or later; a file created with its default version silently keeps the
     column uncompressed (1.09x the raw text)."""
-    from ingest import store
+    from ingest.db import store
 
     con = store.open_database(tmp_path / "z.duckdb")
     try:

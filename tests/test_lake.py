@@ -1,4 +1,4 @@
-"""The lake storage mode (ingest/lake.py) against a real PostgreSQL and a real DuckLake: the same
+"""The lake storage mode (ingest/db/lake/storage.py) against a real PostgreSQL and a real DuckLake: the same
 push, read and SQL APIs, the same exactly-once, the same SQL guard."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import uuid
 import orjson
 import pytest
 
-from ingest.keys import CORE, DB
-from ingest.slots import SLOTS
+from ingest.web.keys import CORE, DB
+from ingest.db.lake.slots import SLOTS
 from tests.lake_pg import postgres  # noqa: F401 (a fixture)
 from tests.fleet import rows
 
@@ -111,7 +111,7 @@ async def test_lake_maintenance_merges_commit_files_and_keeps_every_line(lake_cl
     for batch in range(12):  # one commit each: one Parquet file each
         doc = {"instance_id": "C.1", "source": "s", "lines": lines(200, start=batch * 200)}
         assert (await (await post(lake_client, "/api/v1/logs", doc)).json())["accepted"] == 200
-    from ingest import lake
+    from ingest.db.lake import storage as lake
 
     counts = lake.maintain(lake_client.app[DB], snapshot_keep_s=0)
     assert counts["files_after"] < counts["files_before"], counts
@@ -142,7 +142,7 @@ async def test_lake_commit_is_fenced_when_another_node_took_the_slot(lake_client
 
 
 def test_lake_one_policy_runner_at_a_time(postgres):  # noqa: F811
-    from ingest.slots import Slots
+    from ingest.db.lake.slots import Slots
 
     dsn = postgres.createdb("p" + uuid.uuid4().hex[:12]).removeprefix("postgres:")
     a, b = Slots(dsn, "a", "http://a", 3.0), Slots(dsn, "b", "http://b", 3.0)
@@ -201,7 +201,7 @@ async def test_lake_policies_decide_as_the_single_file_does(make_client, lake_cl
 
 
 async def test_lake_node_keeps_committing_after_a_slot_it_wrote_moves_away(lake_client):
-    from ingest.slots import slot_of
+    from ingest.db.lake.slots import slot_of
 
     gone, kept = "C.9", next(f"C.{k}" for k in range(100, 1000) if slot_of(f"C.{k}") != slot_of("C.9"))
     for start in (0, 2):  # the second push leaves C.9's last_seen due for the next touch (once a second)

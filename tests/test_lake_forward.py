@@ -29,8 +29,8 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import LogRecordExportResult, SimpleLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 
-from ingest import lake
-from ingest.slots import SLOTS, slot_of
+from ingest.db.lake import storage as lake
+from ingest.db.lake.slots import SLOTS, slot_of
 from tests.lake_pg import postgres  # noqa: F401 (a fixture)
 from tests.test_lake_nodes import Node, owners, wait_for
 from tests.test_otlp import DAEMON, send_metrics

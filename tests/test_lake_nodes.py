@@ -20,8 +20,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from ingest import lake
-from ingest.slots import SLOTS
+from ingest.db.lake import storage as lake
+from ingest.db.lake.slots import SLOTS
 from tests.conftest import REPO, free_port
 from tests.lake_pg import postgres  # noqa: F401 (a fixture)
 
@@ -195,7 +195,7 @@ def test_lake_a_body_spanning_owners_is_split_forwarded_and_summed(cluster, tmp_
     dsn, nodes = cluster
     pg_dsn = dsn.removeprefix("postgres:")
     wait_for(lambda: len(owners(pg_dsn)) == 3 and sum(owners(pg_dsn).values()) == SLOTS, "slots spread over 3 nodes")
-    from ingest.slots import slot_of
+    from ingest.db.lake.slots import slot_of
 
     with psycopg.connect(pg_dsn) as conn:
         owner_of = dict(conn.execute("SELECT slot, owner FROM fleetlog_slots").fetchall())

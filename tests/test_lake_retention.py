@@ -1,6 +1,6 @@
 """Retention and maintenance of a lake shared by several nodes: the retention rule carried out while
 another node ingests (a DuckLake DELETE on ``logs`` conflicts with every concurrent insert, so the
-lake carries it out in a delete window, ingest/lake.py), and the maintenance job on one node at a
+lake carries it out in a delete window, ingest/db/lake/storage.py), and the maintenance job on one node at a
 time."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import uuid
 import psycopg
 import pytest
 
-from ingest.keys import CORE
-from ingest.slots import SLOTS, slot_of
+from ingest.web.keys import CORE
+from ingest.db.lake.slots import SLOTS, slot_of
 from tests.lake_pg import LakeNode, postgres  # noqa: F401 (a fixture)
 from tests.fleet import rows
 
@@ -210,9 +210,9 @@ async def test_lake_maintenance_runs_on_a_timer_under_ingest_and_keeps_every_lin
 
 
 def test_lake_maintenance_passes_of_two_nodes_never_overlap(postgres, tmp_path):  # noqa: F811
-    from ingest import lake
-    from ingest.lakejobs import Maintenance
-    from ingest.slots import Slots
+    from ingest.db.lake import storage as lake
+    from ingest.db.lake.jobs import Maintenance
+    from ingest.db.lake.slots import Slots
 
     dsn = postgres.createdb("m" + uuid.uuid4().hex[:12])
     pg_dsn = dsn.removeprefix("postgres:")
@@ -258,7 +258,7 @@ def test_lake_maintenance_passes_of_two_nodes_never_overlap(postgres, tmp_path):
 
 
 async def test_lake_retention_waits_for_a_maintenance_pass_in_progress(make_client, postgres, tmp_path):  # noqa: F811
-    from ingest.lakejobs import MAINTENANCE_LOCK_KEY
+    from ingest.db.lake.jobs import MAINTENANCE_LOCK_KEY
 
     a, dsn, _data = await node_a(make_client, postgres, tmp_path, retention_s=0, lake_maintenance_interval_s=0)
     r = await a.post("/api/v1/logs", json={"instance_id": "OLD.1", "source": "s", "lines": [

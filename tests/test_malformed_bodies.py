@@ -7,7 +7,7 @@ import gzip
 import orjson
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from ingest.keys import DB
+from ingest.web.keys import DB
 
 GOOD_LINE = {"seq": 0, "ts": 1764415248.0, "line": "ok"}
 

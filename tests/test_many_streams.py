@@ -18,7 +18,7 @@ import orjson
 from tests.conftest import read_db
 
 INGEST = Path(__file__).resolve().parent.parent / "ingest"
-BOOKKEEPING = {str(INGEST / name) for name in ("streams.py", "tailcache.py", "writer.py")}
+BOOKKEEPING = {str(INGEST / "db" / name) for name in ("seqindex.py", "tailcache.py", "writer.py")}
 
 
 def streams_body(instance_id: str, sources, run_id: str = "0") -> bytes:

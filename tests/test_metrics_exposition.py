@@ -10,7 +10,7 @@ import subprocess
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.codec import MetricRows
+from ingest.contract.codec import MetricRows
 from ingest.timestamps import now_us
 from tests.test_alerts import promtool
 

@@ -70,7 +70,7 @@ def test_the_build_warns_about_nothing(wheel):
 def test_the_wheel_carries_the_queries_migrations_and_page(wheel):
     names = set(zipfile.ZipFile(wheel[0]).namelist())
     for name in ("queries/why_failed.sql", "queries/hosts.sql", "queries/policies/10_failure_class.sql",
-                 "ingest/migrations/001_initial.sql", "ingest/static/index.html", "ingest/static/app.js"):
+                 "ingest/db/migrations/001_initial.sql", "ingest/web/static/index.html", "ingest/web/static/app.js"):
         assert name in names, name
     assert not any(n.startswith(("tests/", "bench/", "docker/")) for n in names)
 

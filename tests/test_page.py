@@ -68,7 +68,7 @@ async def test_unknown_static_names_are_404_in_the_error_shape(client, name):
 
 
 def test_every_module_import_of_the_page_resolves():
-    static = Path(__file__).resolve().parent.parent / "ingest" / "static"
+    static = Path(__file__).resolve().parent.parent / "ingest" / "web" / "static"
     for script in static.glob("*.js"):
         for target in re.findall(r'^import .* from "\./([\w.]+)";$', script.read_text(), flags=re.M):
             assert (static / target).is_file(), f"{script.name} imports missing {target}"

@@ -38,7 +38,7 @@ def con(tmp_path_factory):
 
 def named(client, name: str, **params) -> list[tuple]:
     """A canned query of queries/, composed as the server serves it, with its $named parameters."""
-    from ingest.keys import DB
+    from ingest.web.keys import DB
 
     cur = client.app[DB].cursor()
     try:
@@ -213,7 +213,7 @@ async def test_why_diff_and_patterns_print_through_the_http_api(client):
 
 @pytest.mark.lake
 async def test_lake_groups_patterns_and_diffs_as_the_single_file_does(make_client, lake_client):
-    """The macro and the views are re-created in the lake's in-memory DuckDB (ingest/lake.py), the same SQL."""
+    """The macro and the views are re-created in the lake's in-memory DuckDB (ingest/db/lake/storage.py), the same SQL."""
 
     async def answers(client):
         await oom_fleet(client, utcnow() - dt.timedelta(seconds=30))

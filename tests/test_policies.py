@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from ingest.app import create_app
-from ingest.keys import CORE
+from ingest.web.keys import CORE
 from tests.fleet import (OOM_DAEMON_LOG, bench_instance, complete_logs, get, incident, post, push_lines, rows,
                          run_policies, utcnow)
 
@@ -307,7 +307,7 @@ async def test_broken_rule_stops_startup_naming_the_file(tmp_path, settings):
     (queries / "policies").mkdir(parents=True)
     (queries / "policies" / "10_bad.sql").write_text("-- rule: bad\n-- output: decisions\nDELETE FROM logs")
     from ingest.config import ConfigError
-    from ingest.policy import load_rules
+    from ingest.db.sqlfiles import load_rules
 
     with pytest.raises(ConfigError, match="10_bad.sql.*only SELECT"):
         load_rules(queries)

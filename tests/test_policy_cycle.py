@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 
 from ingest.app import create_app
-from ingest.keys import CORE, WRITER
+from ingest.web.keys import CORE, WRITER
 from tests.fleet import bench_instance, complete_logs, get, iso, post, push_lines, rows, run_policies, utcnow
 
 
@@ -53,7 +53,7 @@ def lines_fed_to_patterns(client, rule_name: str, now: dt.datetime) -> int:
     engine = client.app[CORE].policy
     [rule] = [r for r in engine.rules if r.name == rule_name]
     params = engine.params.values(now)
-    from ingest.keys import DB
+    from ingest.web.keys import DB
 
     cur = client.app[DB].cursor()
     try:
@@ -307,7 +307,7 @@ async def test_lines_alone_do_not_wake_the_policy_cycle(aiohttp_client, policy_s
 
 
 async def test_a_wave_of_destroys_is_rechecked_by_one_evaluation(aiohttp_client, policy_settings, tmp_path, monkeypatch):
-    from ingest import policy
+    from ingest.policy import engine as policy
 
     monkeypatch.setattr(policy, "RECHECK_MAX_AGE_S", 0.0)  # every re-check must evaluate the rules again
     command, calls = await actuator_script(tmp_path)

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from ingest.app import create_app
-from ingest.keys import CORE
-from ingest.queryfiles import compose
+from ingest.web.keys import CORE
+from ingest.db.sqlfiles import compose
 from tests.conftest import REPO
 from tests.fleet import bench_instance, incident, iso, post, push_lines, utcnow
 

@@ -12,10 +12,10 @@ from dataclasses import replace
 
 import orjson
 
-from ingest import codec
+from ingest.contract import codec
 from ingest.app import create_app
-from ingest.keys import CORE, DB
-from ingest.policy import CycleReport
+from ingest.web.keys import CORE, DB
+from ingest.policy.engine import CycleReport
 from ingest.timestamps import now_us, utcnow
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ingest import search as search_module
+from ingest.db import search as search_module
 
 from tests.fleet import OOM_DAEMON_LOG, incident, iso, push_lines, utcnow
 

@@ -1,4 +1,4 @@
-"""The search's token filter (ingest/tokens.py): it prunes only blocks that cannot match, and a rare
+"""The search's token filter (ingest/db/searchtokens.py): it prunes only blocks that cannot match, and a rare
 word's search reads only the blocks that hold it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import datetime as dt
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ingest import search, store, tokens
-from ingest.codec import MetricRows
+from ingest.db import search, store, searchtokens as tokens
+from ingest.contract.codec import MetricRows
 
 from tests.fleet import push_lines, utcnow
 

@@ -118,7 +118,7 @@ async def test_agent_clock_an_hour_behind_does_not_freeze_the_class_before_a_lat
 async def test_a_failed_run_not_classed_yet_is_neither_destroyed_nor_blamed_on_its_machine(make_client):
     """Rules run one after the other: a bench_done stored after the class rule ran, and before the
     destroy rule did, was destroyed "unclassified" (seen in the fleet simulation under load)."""
-    from ingest.keys import CORE, DB
+    from ingest.web.keys import CORE, DB
 
     client = await make_client()
     now = utcnow()

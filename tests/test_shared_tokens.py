@@ -10,7 +10,8 @@ import uuid
 import psycopg
 import pytest
 
-from ingest.auth import SharedTokens, TokenBook, digest
+from ingest.auth import TokenBook, digest
+from ingest.db.lake.tokens import SharedTokens
 from ingest.errors import Overloaded, Unauthorized
 from tests.conftest import free_port
 from tests.lake_pg import postgres  # noqa: F401 (a fixture)

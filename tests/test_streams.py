@@ -5,8 +5,8 @@ from __future__ import annotations
 import duckdb
 from hypothesis import given, settings, strategies as st
 
-from ingest.streams import SeqRanges, StreamIndex, runs_of
-from ingest.tailcache import TailCache
+from ingest.db.seqindex import SeqRanges, StreamIndex, runs_of
+from ingest.db.tailcache import TailCache
 
 
 @given(st.lists(st.lists(st.integers(0, 300), max_size=40), max_size=20))

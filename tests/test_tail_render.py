@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from ingest.codec import MAX_TS_US, MIN_TS_US
-from ingest.handlers.read import render_lines
+from ingest.contract.codec import MAX_TS_US, MIN_TS_US
+from ingest.web.logs import render_lines
 from ingest.timestamps import ts_to_iso
 
 stamps = st.integers(min_value=MIN_TS_US, max_value=MAX_TS_US)

@@ -15,8 +15,8 @@ import duckdb
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ingest import reads, streams
-from ingest.streams import StreamIndex, TailBounds
+from ingest.db import reads, seqindex as streams
+from ingest.db.seqindex import StreamIndex, TailBounds
 from tests.test_read_api import get_json, push_lines
 
 INSTANCE, SOURCE = "C.32733029", "benchout"
@@ -75,7 +75,7 @@ def test_a_window_that_misses_lines_is_not_trusted(caplog):
         con.execute("INSERT INTO logs VALUES (?, ?, '0', ?, make_timestamp(0), make_timestamp(?), ?)",
                     [INSTANCE, SOURCE, s, 1000 + s, f"line {s}"])
     too_narrow = TailBounds("0", 5, 9, 5, False, since_us=1007, until_us=1009)
-    with caplog.at_level(logging.WARNING, logger="ingest.reads"):
+    with caplog.at_level(logging.WARNING, logger="ingest.db.reads"):
         rows, complete = reads.load_tail(con, 10, INSTANCE, SOURCE, 5, too_narrow)
     assert [r[1] for r in rows] == [5, 6, 7, 8, 9] and not complete
     assert "3 of 5 lines inside the commit window" in caplog.text

@@ -1,0 +1,124 @@
+"""Fleet-wide log search: which instances printed this, newest first.
+
+``search`` runs on its own cursor with a deadline (like every read); the window ``[since_us,
+until_us)`` keeps it to the row groups whose ``ts`` can match (DuckDB's min/max zone maps), so the
+cost follows the window, not the table; and the window is searched newest part first, stopping at
+``limit`` hits. With the token filter (``ingest/db/searchtokens.py``, file mode) only the time ranges of the
+blocks that hold every letter trigram of the text are scanned, newest first, so a rare phrase costs
+its hits' blocks and text found nowhere costs the blocks table; a regular expression, or text with
+no trigram, scans the window as before, and the answer's plan says which. Text is matched case-insensitively as a plain substring, or
+as a regular expression (RE2, DuckDB's) when ``regex`` is set; a pattern RE2 refuses is the client's
+error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from ingest.db import searchtokens as tokens
+from ingest.errors import QueryError
+from ingest.db.reads import deadline_cursor
+from ingest.timestamps import datetime_to_us
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+DEFAULT_WINDOW_S = 24 * 3600.0
+MAX_PATTERN_CHARS = 1000
+CHUNKS_S = (3600.0, 6 * 3600.0)  # searched first: the last hour, then the last 6 hours
+
+SEARCH_SQL = """
+SELECT instance_id, source, run_id, seq, ts, line FROM logs
+WHERE ts >= make_timestamp($since) AND ts < make_timestamp($until) {filters}
+ORDER BY ts DESC, instance_id, source, run_id DESC, seq DESC
+LIMIT $limit
+"""
+
+
+@dataclass(frozen=True)
+class SearchQuery:
+    text: str
+    regex: bool
+    since_us: int
+    until_us: int
+    source: str | None = None
+    instance_id: str | None = None
+    limit: int = DEFAULT_LIMIT
+
+
+def check_pattern(cursor, text: str) -> None:
+    """RE2 (DuckDB's regular expressions) must accept ``text``; a refusal is a QueryError."""
+    try:
+        cursor.execute("SELECT regexp_matches('', $p)", {"p": text}).fetchall()
+    except duckdb.Error as e:
+        raise QueryError(f"q: not a valid regular expression: {str(e).splitlines()[-1][:200]}") from e
+
+
+def _chunks(since_us: int, until_us: int) -> list[tuple[int, int]]:
+    """The window cut newest first: the last hour, the 5 before, then the rest."""
+    out, upper = [], until_us
+    for back_s in CHUNKS_S:
+        lower = max(since_us, until_us - int(back_s * 1_000_000))
+        if lower < upper:
+            out.append((lower, upper))
+            upper = lower
+    if since_us < upper:
+        out.append((since_us, upper))
+    return out
+
+
+def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True
+           ) -> tuple[list[dict[str, Any]], bool, tokens.Plan]:
+    """Hits as dicts (``ts`` in epoch microseconds), newest first, whether more matched than ``limit``,
+    and the plan (how the token filter was used).
+
+    The window is searched newest part first, and the search stops once ``limit`` lines are found:
+    a common word costs a scan of its newest block (or the last hour without the filter), not of the
+    whole day. ``use_filter`` False (the lake mode, which keeps no blocks) scans the window.
+    """
+    if not query.text or len(query.text) > MAX_PATTERN_CHARS:
+        raise QueryError(f"q: expected 1 to {MAX_PATTERN_CHARS} characters")
+    params: dict[str, Any] = {"q": query.text}
+    if query.regex:
+        filters = ["AND regexp_matches(line, $q, 'i')"]
+    elif re.search(r"[\\%_]", query.text):  # ILIKE without the user's wildcards: % and _ escaped
+        filters = ["AND line ILIKE $q ESCAPE '\\'"]
+        params["q"] = "%" + re.sub(r"([\\%_])", r"\\\1", query.text) + "%"
+    else:  # the common case, and twice as fast: no ESCAPE clause
+        filters = ["AND line ILIKE $q"]
+        params["q"] = "%" + query.text + "%"
+    for column, value in (("source", query.source), ("instance_id", query.instance_id)):
+        if value is not None:
+            filters.append(f"AND {column} = ${column}")
+            params[column] = value
+    sql = SEARCH_SQL.format(filters=" ".join(filters))
+    rows: list[tuple] = []
+    with deadline_cursor(con, timeout_s) as cur:
+        if query.regex:
+            check_pattern(cur, query.text)
+        grams = set() if query.regex else tokens.trigrams(query.text.encode())
+        if not use_filter:
+            plan = tokens.Plan("off")
+        elif query.regex:
+            plan = tokens.Plan("regex")
+        elif not grams:
+            plan = tokens.Plan("no trigram in q")
+        else:
+            plan = tokens.Plan("trigrams")
+        ranges = (tokens.admitted_ranges(cur, grams, query.since_us, query.until_us, plan) if plan.filter == "trigrams"
+                  else _chunks(query.since_us, query.until_us))
+        for lower, upper in ranges:
+            plan.ranges_scanned += 1
+            want = query.limit + 1 - len(rows)
+            cur.execute(sql, {**params, "since": lower, "until": upper, "limit": want})
+            rows += cur.fetchall()
+            if len(rows) > query.limit:
+                break
+    hits = [
+        {"instance_id": i, "source": s, "run_id": r, "seq": seq, "ts": datetime_to_us(ts), "line": line}
+        for i, s, r, seq, ts, line in rows[: query.limit]
+    ]
+    return hits, len(rows) > query.limit, plan

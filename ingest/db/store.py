@@ -1,0 +1,451 @@
+"""The DuckDB file: opening it, numbered migrations, and the statements the writer commits.
+
+Only the writer thread calls ``write_batch`` (on the one write connection). Every read goes through
+``ingest/db/reader.py`` (a cursor per call).
+"""
+
+from __future__ import annotations
+
+import array
+import importlib.util
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+import duckdb
+import orjson
+import pyarrow as pa
+
+from ingest.contract.codec import Event, MetricRows
+from ingest.errors import StoreError
+
+logger = logging.getLogger(__name__)
+
+LOG_SCHEMA = pa.schema(
+    [
+        ("instance_id", pa.string()),
+        ("source", pa.string()),
+        ("run_id", pa.string()),
+        ("seq", pa.int64()),
+        ("ts", pa.timestamp("us")),
+        ("received_at", pa.timestamp("us")),
+        ("line", pa.string()),
+        ("truncated", pa.bool_()),
+    ]
+)
+METRIC_SCHEMA = pa.schema(
+    [
+        ("instance_id", pa.string()),
+        ("name", pa.string()),
+        ("ts", pa.timestamp("us")),
+        ("value", pa.float64()),
+        ("labels", pa.string()),
+        ("received_at", pa.timestamp("us")),
+    ]
+)
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) for every file ``ingest/db/migrations/NNN_name.sql``, in order."""
+    out = []
+    for entry in resources.files("ingest.db").joinpath("migrations").iterdir():
+        if entry.name.endswith(".sql"):
+            number, _, name = entry.name.removesuffix(".sql").partition("_")
+            out.append((int(number), name, entry.read_text()))
+    return sorted(out)
+
+
+TEMP_DIR_FACTOR = 8  # spilled query state may take this many times the memory limit on disk
+
+
+# The storage version a new database file is created with. DuckDB 1.5.5 creates v1.0.0 files by
+# default, in which it silently ignores `USING COMPRESSION zstd` (migration 009): the log text was
+# stored uncompressed, 1.09x the raw text instead of 0.38x. A file already created keeps its version
+# (docs/scale-out.md: the copy command). Files of this version open in DuckDB 1.5.0 and later.
+STORAGE_VERSION = "v1.5.0"
+SMALL_HOST_CORES = 4
+
+
+def auto_threads() -> int:
+    """DuckDB threads when none are set: one on a host of at most SMALL_HOST_CORES usable cores (the
+    spinning costs more than parallel scans gain there), else one per core (DuckDB's own default)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 1 if cores <= SMALL_HOST_CORES else cores
+
+
+def no_pandas_search() -> None:
+    """Marks pandas absent in ``sys.modules`` when it is not installed, so that importing it fails at once.
+
+    DuckDB's Python client tries ``import pandas`` for each parameter it binds (1.5.5); a failed import
+    is not cached, so each one walked sys.path again: ~0.2-0.5 ms of CPU a parameter, ~36 ms of a
+    rare-phrase search at 2 M lines and several ms of every group commit (bench/vs_victorialogs.py,
+    cProfile). ``import pandas`` still raises ImportError, as it did; with pandas installed nothing
+    changes."""
+    if "pandas" not in sys.modules and importlib.util.find_spec("pandas") is None:
+        sys.modules["pandas"] = None  # the import system's own "known absent" (the language reference, 5.3.1)
+
+
+def open_database(path: str | Path, memory_limit_mb: int = 256, threads: int = 0) -> duckdb.DuckDBPyConnection:
+    """Open (creating if needed) and migrate the database, then lock it down for readers.
+
+    DuckDB's memory is capped at ``memory_limit_mb``, beyond which queries spill to
+    ``<db>.tmp/`` (itself capped); file and network access are switched off and the configuration
+    locked for the whole database instance, so no cursor handed to the SQL API can read files or
+    change that.
+
+    ``threads`` is DuckDB's worker threads for the whole instance; 0 is ``auto_threads()``.
+    With more than one, the Python thread that runs a statement polls DuckDB's task queue (mutex and
+    sched_yield) while a worker does the work: measured on the writer's group commits on 2 cores,
+    that spinning was over a third of the writer thread's CPU, and one thread appends the same rows
+    in half the CPU and less time (bench/ingest_throughput.py). Each cursor still runs its own
+    statement on its own thread, so reads stay concurrent; one statement uses one core. On a small
+    host one thread also made a first tail's query faster under ingest (p99 6 ms against 12-43 ms on
+    2 cores, bench/tail_latency.py); on a host with many cores a search or a SQL query over millions
+    of rows scans in parallel, and the spinning costs cores that are idle.
+    """
+    no_pandas_search()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        con = duckdb.connect(str(path), config={"storage_compatibility_version": STORAGE_VERSION})
+    except duckdb.Error as e:
+        hint = " (written by a newer DuckDB: see docs/scale-out.md)" if "version number" in str(e) else ""
+        raise StoreError(f"cannot open database {path}: {e}{hint}") from e
+    try:
+        migrate(con)
+        con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
+        con.execute(f"SET threads = {int(threads or auto_threads())}")
+        con.execute("SET temp_directory = '{}'".format((str(path) + ".tmp").replace("'", "''")))
+        con.execute(f"SET max_temp_directory_size = '{int(memory_limit_mb) * TEMP_DIR_FACTOR}MB'")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except Exception:
+        con.close()
+        raise
+    return con
+
+
+def migrate(con: duckdb.DuckDBPyConnection, files: list[tuple[int, str, str]] | None = None) -> int:
+    """Apply the migrations not applied yet (``files``: ``migrations()`` unless given)."""
+    con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP DEFAULT now())")
+    applied = {v for (v,) in con.execute("SELECT version FROM schema_migrations").fetchall()}
+    done = 0
+    for version, name, sql in migrations() if files is None else files:
+        if version in applied:
+            continue
+        logger.info("applying migration %03d_%s", version, name)
+        con.execute("BEGIN")
+        try:
+            con.execute(sql)
+            con.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", [version, name])
+            con.execute("COMMIT")
+        except duckdb.Error as e:
+            con.execute("ROLLBACK")
+            raise StoreError(f"migration {version:03d}_{name} failed: {e}") from e
+        done += 1
+    if done:
+        # Out of the WAL at once: DuckDB 1.5.5 cannot replay some of them (an ALTER TABLE of decisions,
+        # whose id defaults to a sequence), so a SIGKILL before the first checkpoint left a database
+        # that no server could open (tests/test_durability.py).
+        con.execute("CHECKPOINT")
+    return done
+
+
+# --- the log rows of a group commit (the writer's staging) -------------------------------------------
+LOG_CHUNK_SCHEMA = pa.schema([f for f in LOG_SCHEMA if f.name != "received_at"])  # received_at is the commit's
+LOG_COLUMNS_SQL = "instance_id, source, run_id, seq, ts, make_timestamp({received_us}::BIGINT), line, truncated"
+_NOT_TRUNCATED = pa.scalar(False, pa.bool_())
+TS_TYPE = pa.timestamp("us")
+
+
+def _int64s(values: list[int], kind: pa.DataType) -> pa.Array:
+    """Python ints (in range: the codec checked) to Arrow through a C array: ~3x faster than pa.array."""
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(array.array("q", values))])
+
+
+def log_chunk_batch(instance_id: str, source: str, run_id: str, seqs: list[int], ts_us: list[int], lines: list[str],
+                    truncated: list[bool]) -> pa.RecordBatch:
+    """One stream's lines as Arrow, built once per request (the ids repeated in C, no list per row);
+    a group commit concatenates these without copying."""
+    n = len(seqs)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(instance_id, pa.string()), n),
+            pa.repeat(pa.scalar(source, pa.string()), n),
+            pa.repeat(pa.scalar(run_id, pa.string()), n),
+            _int64s(seqs, pa.int64()),
+            _int64s(ts_us, TS_TYPE),
+            pa.array(lines, pa.string()),
+            pa.array(truncated, pa.bool_()) if any(truncated) else pa.repeat(_NOT_TRUNCATED, n),
+        ],
+        schema=LOG_CHUNK_SCHEMA,
+    )
+
+
+@dataclass
+class LogColumns:
+    """The log rows of one group commit: Arrow record batches of LOG_CHUNK_SCHEMA."""
+
+    batches: list[pa.RecordBatch]
+    rows: int = 0
+
+    @classmethod
+    def empty(cls) -> "LogColumns":
+        return cls([])
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.rows += batch.num_rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+
+def write_batch(
+    con: duckdb.DuckDBPyConnection,
+    logs: LogColumns,
+    events: list[Event],
+    metrics: MetricRows,
+    instances: dict[str, int],
+    received_us: int,
+    actions: list[Callable[[duckdb.DuckDBPyConnection], Any]] = (),
+    blocks: Any = None,
+) -> tuple[list[bool], list[Any]]:
+    """Write one group commit; returns, per event, whether it was new (not a duplicate), and
+    what each action returned (actions run last, inside the same transaction).
+
+    ``instances`` maps every instance seen in the batch to its newest timestamp (for last_seen).
+    ``blocks`` (an ``ingest.db.searchtokens.BlockWriter``, file mode) writes the token filter of the log rows in
+    the same transaction; the caller tells it whether the commit held.
+    Everything happens in one transaction: on error it is rolled back and StoreError raised.
+    """
+    fresh: list[bool] = []
+    # Always BEGIN ... COMMIT, even for one INSERT: the relation API's INSERT left to autocommit returned
+    # without error on a full disk and the rows were gone after the reopen (tests/test_disk_full.py).
+    try:
+        con.execute("BEGIN")
+        _upsert_instances(con, instances, received_us)
+        if len(logs):
+            _insert_logs(con, logs, received_us)
+            if blocks is not None:
+                blocks.add(con, logs.batches)
+        if len(metrics):
+            received = pa.scalar(received_us, TS_TYPE)  # ~10 us: only when there are metrics
+            table = pa.Table.from_arrays(
+                [
+                    pa.array(metrics.instance_id, pa.string()),
+                    pa.array(metrics.name, pa.string()),
+                    pa.array(metrics.ts_us, pa.timestamp("us")),
+                    pa.array(metrics.value, pa.float64()),
+                    pa.array(metrics.labels, pa.string()),
+                    pa.repeat(received, len(metrics)),
+                ],
+                schema=METRIC_SCHEMA,
+            )
+            con.register("_metric_batch", table)
+            con.execute("INSERT INTO metrics SELECT * FROM _metric_batch")
+            con.unregister("_metric_batch")
+        if events:
+            fresh = _write_events(con, events, received_us)
+        results = [action(con) for action in actions]
+        con.execute("COMMIT")
+    except Exception as e:  # a database error or a failing action: nothing of the group stays
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            logger.exception("rollback failed")
+        raise StoreError(str(e)) from e
+    return fresh, results
+
+
+def warm_up() -> None:
+    """Import what DuckDB's first scan of an Arrow table imports (pyarrow.dataset and pyarrow.compute:
+    ~0.3 s holding the GIL), so that the first group commit does not pay for it."""
+    import pyarrow.dataset  # noqa: F401
+
+
+def _insert_logs(con: duckdb.DuckDBPyConnection, logs: LogColumns, received_us: int) -> None:
+    table = pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA)
+    con.from_arrow(table).project(LOG_COLUMNS_SQL.format(received_us=int(received_us))).insert_into("logs")
+
+
+def _upsert_instances(con: duckdb.DuckDBPyConnection, instances: dict[str, int], received_us: int) -> None:
+    if not instances:
+        return
+    ids = list(instances)
+    con.execute(
+        """
+        INSERT INTO instances (instance_id, first_seen, last_seen)
+        SELECT id, make_timestamp(?), make_timestamp(?) FROM unnest(?::VARCHAR[]) AS t(id)
+        ON CONFLICT (instance_id) DO UPDATE SET last_seen = excluded.last_seen
+        """,
+        [received_us, received_us, ids],
+    )
+
+
+EVENT_SCHEMA = pa.schema(
+    [
+        ("instance_id", pa.string()),
+        ("kind", pa.string()),
+        ("ts", pa.timestamp("us")),
+        ("received_at", pa.timestamp("us")),
+        ("body", pa.string()),
+    ]
+)
+_REGISTERED_COLUMNS = (("machine_id", pa.int64()), ("host_id", pa.int64()), ("gpu_model", pa.string()),
+                       ("gpu_count", pa.int32()), ("dph", pa.float64()), ("location", pa.string()), ("labels", pa.string()))
+_RUN_SCHEMA = pa.schema(
+    [
+        ("instance_id", pa.string()), ("started_at", pa.timestamp("us")), ("proofs", pa.int32()),
+        ("concurrency", pa.int32()), ("partition_workers", pa.int32()), ("done_at", pa.timestamp("us")),
+        ("exit_code", pa.int32()), ("rate_per_hour", pa.float64()), ("duration_s", pa.float64()),
+        ("proofs_ok", pa.int32()), ("failure_excerpt", pa.string()), ("run_id", pa.string()),
+        ("started_received_at", pa.timestamp("us")), ("done_received_at", pa.timestamp("us")),
+    ]
+)
+_DONE_FIELDS = ("exit_code", "rate_per_hour", "duration_s", "proofs_ok", "failure_excerpt")
+
+
+def _write_events(con: duckdb.DuckDBPyConnection, events: list[Event], received_us: int) -> list[bool]:
+    """Write a batch of events (unique by (instance_id, kind, ts) within the batch) in a fixed number of
+    statements, whatever their count; returns, per event, whether it was new.
+
+    The side effects are those of applying the new events one by one in batch order: a
+    ``registered`` event sets the instance's non-null fields; ``bench_started`` opens a run;
+    ``bench_done`` closes the newest open run of its instance started at or before it (one opened
+    earlier in the batch included), else stores a run of its own. The matching is done here, in
+    memory, over the open runs read in one query; the rows are then written in one statement each.
+    """
+    n = len(events)
+    table = pa.Table.from_arrays(
+        [
+            pa.array([e.instance_id for e in events], pa.string()),
+            pa.array([e.kind for e in events], pa.string()),
+            pa.array([e.ts_us for e in events], pa.timestamp("us")),
+            pa.repeat(pa.scalar(received_us, pa.timestamp("us")), n),
+            pa.array([orjson.dumps(e.body).decode() for e in events], pa.string()),
+        ],
+        schema=EVENT_SCHEMA,
+    )
+    con.register("_event_batch", table)
+    try:
+        inserted = con.execute(
+            "INSERT INTO events SELECT * FROM _event_batch ON CONFLICT DO NOTHING RETURNING instance_id, kind, epoch_us(ts)"
+        ).fetchall()
+    finally:
+        con.unregister("_event_batch")
+    new_keys = set(inserted)
+    fresh = [(e.instance_id, e.kind, e.ts_us) in new_keys for e in events]
+    new_events = [e for e, is_new in zip(events, fresh) if is_new]
+    _apply_registered(con, [e for e in new_events if e.kind == "registered"])
+    _apply_bench(con, [e for e in new_events if e.kind in ("bench_started", "bench_done")], received_us)
+    return fresh
+
+
+def _apply_registered(con: duckdb.DuckDBPyConnection, events: list[Event]) -> None:
+    """Per instance, each field takes the last non-null value its new ``registered`` events carry."""
+    if not events:
+        return
+    merged: dict[str, dict[str, Any]] = {}
+    for event in events:
+        fields = merged.setdefault(event.instance_id, {})
+        for name, _type in _REGISTERED_COLUMNS:
+            value = event.body.get(name)
+            if value is not None:
+                fields[name] = orjson.dumps(value).decode() if name == "labels" else value
+    ids = list(merged)
+    arrays = [pa.array(ids, pa.string())] + [
+        pa.array([merged[i].get(name) for i in ids], kind) for name, kind in _REGISTERED_COLUMNS
+    ]
+    names = ["instance_id"] + [name for name, _ in _REGISTERED_COLUMNS]
+    con.register("_registered", pa.Table.from_arrays(arrays, names=names))
+    try:
+        sets = ", ".join(f"{name} = coalesce(r.{name}, instances.{name})" for name, _ in _REGISTERED_COLUMNS)
+        con.execute(f"UPDATE instances SET {sets} FROM _registered r WHERE instances.instance_id = r.instance_id")
+    finally:
+        con.unregister("_registered")
+
+
+def _run_id(body: dict) -> str | None:
+    run_id = body.get("run_id")
+    return run_id if isinstance(run_id, str) else None
+
+
+def _apply_bench(con: duckdb.DuckDBPyConnection, events: list[Event], received_us: int) -> None:
+    """Open and close bench runs. A run keeps the agent's times (started_at, done_at: for display)
+    and the server's (started_received_at, done_received_at: what every wait is measured by)."""
+    if not events:
+        return
+    ids = sorted({e.instance_id for e in events if e.kind == "bench_done"})
+    # open runs: instance -> [(started_us, rowid or None, new run dict or None)], in insertion order
+    open_runs: dict[str, list[list]] = {}
+    if ids:
+        for rowid, instance_id, started_us in con.execute(
+            """SELECT rowid, instance_id, epoch_us(started_at) FROM bench_runs
+               WHERE done_at IS NULL AND started_at IS NOT NULL AND instance_id IN (SELECT unnest(?::VARCHAR[]))
+               ORDER BY rowid""",
+            [ids],
+        ).fetchall():
+            open_runs.setdefault(instance_id, []).append([started_us, rowid, None])
+    new_runs: list[dict[str, Any]] = []
+    closed: list[tuple[int, dict[str, Any]]] = []  # (rowid, done fields) of stored runs
+    for event in events:
+        body = event.body
+        if event.kind == "bench_started":
+            run = {"instance_id": event.instance_id, "started_at": event.ts_us, "proofs": body.get("proofs"),
+                   "concurrency": body.get("concurrency"), "partition_workers": body.get("partition_workers"),
+                   "run_id": _run_id(body), "started_received_at": received_us}
+            new_runs.append(run)
+            open_runs.setdefault(event.instance_id, []).append([event.ts_us, None, run])
+            continue
+        done = {"done_at": event.ts_us, "done_received_at": received_us, **{name: body.get(name) for name in _DONE_FIELDS}}
+        if _run_id(body):
+            done["run_id"] = _run_id(body)
+        candidates = [r for r in open_runs.get(event.instance_id, ()) if r[0] <= event.ts_us]
+        if not candidates:
+            new_runs.append({"instance_id": event.instance_id, **done})
+            continue
+        best = max(candidates, key=lambda r: r[0])  # the newest; among equals the last inserted
+        best = [r for r in candidates if r[0] == best[0]][-1]
+        open_runs[event.instance_id].remove(best)
+        if best[2] is not None:
+            best[2].update(done)
+        else:
+            closed.append((best[1], done))
+    if new_runs:
+        con.register("_new_runs", pa.Table.from_pylist(
+            [{f.name: run.get(f.name) for f in _RUN_SCHEMA} for run in new_runs], schema=_RUN_SCHEMA))
+        try:
+            columns = ", ".join(f.name for f in _RUN_SCHEMA)
+            con.execute(f"INSERT INTO bench_runs ({columns}) SELECT {columns} FROM _new_runs")
+        finally:
+            con.unregister("_new_runs")
+    if closed:
+        closing = ("done_at", "done_received_at", *_DONE_FIELDS)
+        schema = pa.schema([("row", pa.int64())] + [f for f in _RUN_SCHEMA if f.name in closing or f.name == "run_id"])
+        con.register("_closed", pa.Table.from_pylist([{"row": rowid, **done} for rowid, done in closed], schema=schema))
+        try:
+            sets = ", ".join([f"{name} = c.{name}" for name in closing] + ["run_id = coalesce(c.run_id, bench_runs.run_id)"])
+            con.execute(f"UPDATE bench_runs SET {sets} FROM _closed c WHERE bench_runs.rowid = c.row")
+        finally:
+            con.unregister("_closed")
+
+
+# --- an operator's repairs (docs/api.md: /api/v1/admin/events) ---------------------------------------
+_ONE_EVENT = "instance_id = ? AND kind = ? AND ts = make_timestamp(?::BIGINT)"
+
+
+def delete_event(con: duckdb.DuckDBPyConnection, instance_id: str, kind: str, ts_us: int) -> int:
+    """The writer's ``delete_event``: remove one stored event (its key is (instance_id, kind, ts)), e.g.
+    one that broke a rule; returns how many rows went, 0 or 1. Counted first: PostgreSQL through DuckDB
+    (lake mode) has no RETURNING. What the event already wrote into ``instances`` or ``bench_runs``
+    stays; the views, which read ``events``, no longer see it."""
+    params = [instance_id, kind, ts_us]
+    (found,) = con.execute(f"SELECT count(*) FROM events WHERE {_ONE_EVENT}", params).fetchone()
+    if found:
+        con.execute(f"DELETE FROM events WHERE {_ONE_EVENT}", params)
+    return found
