@@ -52,6 +52,7 @@ import datetime as dt
 import logging
 import re
 import time
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
