@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest import oncall, queryfiles, store
+from ingest import oncall
+from ingest.db import sqlfiles as queryfiles, store
 from tests.conftest import REPO
 from tests.fleet import bench_instance, post, push_lines, rows, run_policies, utcnow
 from tests.lake_pg import postgres  # noqa: F401 (a fixture)

@@ -1,13 +1,9 @@
 -- rule: destroy_below_min_rate
 -- decides: destroy an instance that is failing (instance_phase: a failed fetch, a failed or hung run,
---   a run below min_rate) once its evidence is safe: the logs of the phase judged are complete
---   (evidence_complete: the benchmark run's own streams, not the daemons' a slow instance runs on), or
---   $destroy_grace_s have passed since the server knew the outcome (known_at: the server's clock).
---   Killed (ever) and unvouched instances (unvouched_instances) are left alone. Re-checked right
---   before it is carried out. A failed run whose class is not final waits until its class was made on
---   every line of the evidence waited for (bench_runs.class_scanned_to, the newest received_at the class
---   rule read, not older than the newest of those lines): the class rule runs first in a cycle, so a run
---   whose last lines and logs_complete were stored between the two would be destroyed as "unknown".
+--   a run below min_rate) once its evidence is safe: the phase's logs complete (evidence_complete), or
+--   $destroy_grace_s since the server knew the outcome (known_at). Killed and unvouched instances are
+--   left alone; re-checked right before it is carried out. A failed run whose class is not final waits
+--   until its class was made on every line of that evidence (bench_runs.class_scanned_to, see below).
 -- params: $destroy_grace_s (seconds), $now (timestamp)
 -- output: decisions (subject = instance_id, action = destroy)
 WITH doomed AS MATERIALIZED (
