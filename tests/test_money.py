@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from ingest.app import create_app
-from tests.fleet import demo_fleet, iso, post, rows, run_policies, utcnow
+from tests.fleet import demo_fleet, get, iso, post, rows, run_policies, utcnow
 
 
 @pytest.fixture
@@ -47,3 +47,23 @@ async def test_money_views_agree_with_a_hand_computation_on_the_demo_fleet(fleet
     # a living instance's life runs to now: C.hung registered 3 h 4 min before `done` (30 min ago)
     [(hung_hours,)] = rows(fleet, "SELECT hours FROM instance_costs WHERE instance_id = 'C.hung'")
     assert 3 + 4 / 60 + 0.5 - 0.02 < hung_hours < 3 + 4 / 60 + 0.5 + 0.02
+
+
+async def test_the_instance_list_says_unproven_as_the_view_does(fleet):
+    """The page's "$/hour with no proof yet" count reads the instance list: its `unproven` is
+    unproven_burn's (one definition), so a run that failed after 5 of 12 proofs has proved something
+    (no rate, proofs_ok 5) and is not counted, as the view does not count it."""
+    done = utcnow() - dt.timedelta(minutes=20)
+    await post(fleet, "/api/v1/events", [
+        {"instance_id": "C.five", "kind": "registered", "ts": iso(done - dt.timedelta(minutes=14)), "machine_id": 790,
+         "gpu_model": "RTX 4090", "gpu_count": 1, "dph": 0.45},
+        {"instance_id": "C.five", "kind": "bench_started", "ts": iso(done - dt.timedelta(minutes=10)), "proofs": 12},
+        {"instance_id": "C.five", "kind": "bench_done", "ts": iso(done), "exit_code": 1, "duration_s": 600.0,
+         "proofs_ok": 5},
+    ])
+    burn = {i for (i,) in rows(fleet, "SELECT instance_id FROM unproven_burn")}
+    assert "C.five" not in burn and burn
+    listed = await get(fleet, "/api/v1/instances")
+    flagged = {i["instance_id"] for i in listed["instances"] if i["unproven"]}
+    assert flagged == burn
+    assert (await get(fleet, "/api/v1/instances/C.five"))["unproven"] is False

@@ -195,8 +195,11 @@ async def test_triage_opens_the_page_with_counts_and_the_worst_first(demo, page,
         "destroy": len(destroy),
         "excluded": sum(1 for m in hosts if m["bad"]),
         "incomplete": sum(1 for i in instances if i["logs"] and i["logs"]["incomplete"]),
+        # the instance list's unproven (the unproven_burn view, tests/test_money.py): one definition
+        "burning": "$%.2f" % sum(i["dph"] or 0 for i in instances if i["unproven"]),
     }
     assert destroy and expected["excluded"] and expected["incomplete"] and expected["failing"]
+    assert expected["burning"] != "$0.00"
     await sized(page, width)
     await page.goto(url + "/")
     for key, n in expected.items():

@@ -73,13 +73,15 @@ SELECT i.instance_id, coalesce(s.state, 'unknown') AS state, s.state_since, i.ma
        -- the failed phase's class and line (a failed fetch has no run), else the latest run's
        coalesce(p.failure_class, b.failure_class) AS failure_class,
        coalesce(p.failure_line, b.failure_line) AS failure_line, p.outcome, p.failed_phase,
-       coalesce(p.failing, false) AS failing  -- the destroy rule's set (instance_phase, migration 013)
+       coalesce(p.failing, false) AS failing,  -- the destroy rule's set (instance_phase, migration 013)
+       u.instance_id IS NOT NULL AS unproven  -- alive and burning money with no proof yet (unproven_burn, 015)
 FROM instances i
 LEFT JOIN instance_state s USING (instance_id)
 LEFT JOIN (  -- the latest run, finished or not (bench_outcomes, migration 005)
     SELECT instance_id, rate_per_hour, rate_measured, exit_code, failure_class, failure_line FROM bench_outcomes WHERE latest
 ) b USING (instance_id)
 LEFT JOIN instance_phase p USING (instance_id)  -- the latest step's outcome, and the phase it failed in
+LEFT JOIN (SELECT instance_id FROM unproven_burn) u USING (instance_id)
 {where}
 ORDER BY i.last_seen DESC
 """

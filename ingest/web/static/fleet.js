@@ -36,7 +36,7 @@ function incompleteLogs(i) {
 }
 
 function noProofYet(i) {
-  return i.state !== "killed" && !(i.rate_per_hour > 0);
+  return i.unproven === true; // the instance list's, from the unproven_burn view (migration 015): one definition
 }
 
 // The counts on top; each one is also a filter (look=KEY) or, for machines, a link.
