@@ -62,6 +62,16 @@ class Server:
         self.proc.wait(timeout=120)
 
 
+def wait_for_log(log: Path, text: str, timeout_s: float) -> float | None:
+    """Seconds until ``text`` appears in the server's log, or None."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        if text in log.read_text(errors="replace"):
+            return time.perf_counter() - t0
+        time.sleep(0.05)
+    return None
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]

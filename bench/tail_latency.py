@@ -40,7 +40,7 @@ import duckdb  # noqa: E402
 import orjson  # noqa: E402
 
 from bench import common  # noqa: E402
-from bench.common import Server, make_line, percentile  # noqa: E402
+from bench.common import Server, make_line, percentile, wait_for_log  # noqa: E402
 from bench.ingest_throughput import _send_all  # noqa: E402
 from ingest.db import reads, store  # noqa: E402
 from ingest.db.seqindex import StreamIndex  # noqa: E402
@@ -148,16 +148,6 @@ def ingest_process(url: str, seconds: float, out) -> None:
         return sent
 
     out.put(asyncio.run(run()))
-
-
-def wait_for_log(log: Path, text: str, timeout_s: float) -> float | None:
-    """Seconds until ``text`` appears in the server's log, or None."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout_s:
-        if text in log.read_text(errors="replace"):
-            return time.perf_counter() - t0
-        time.sleep(0.05)
-    return None
 
 
 async def tails(url: str, keys: list[tuple[str, str]]) -> list[float]:

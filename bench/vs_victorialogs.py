@@ -52,7 +52,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 from bench import peer, search_scale  # noqa: E402
-from bench.common import Server, percentile  # noqa: E402
+from bench.common import Server, percentile, wait_for_log  # noqa: E402
 from bench.storage_bytes import make_line  # noqa: E402
 from ingest.db import search, store, searchtokens as tokens  # noqa: E402
 
@@ -298,15 +298,6 @@ class Victoria(System):
         elapsed, data = http.call("POST", "/select/logsql/query", body, {"Content-Type": "application/x-www-form-urlencoded"})
         assert data.count(b"\n"), instance
         return elapsed
-
-
-def wait_for_log(log: Path, text: str, timeout_s: float) -> float | None:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout_s:
-        if text in log.read_text(errors="replace"):
-            return time.perf_counter() - t0
-        time.sleep(0.05)
-    return None
 
 
 def run_system(system: System, args, table: pa.Table, shift_us: int, keys: list[tuple[str, str]], cached: list[tuple[str, str]]) -> dict:

@@ -51,11 +51,7 @@ class Core:
             retention_s=settings.retention_s,
             exclude_repeats=settings.exclude_repeat_failures,
             bench_timeout_s=settings.bench_timeout_s,
-            spike_failures=settings.spike_failures,
-            spike_window_s=settings.spike_window_s,
             public_url=settings.page_url,
-            degrade_recent_runs=settings.degrade_recent_runs,
-            degrade_fraction=settings.degrade_fraction,
             degrade_action=settings.degrade_action,
         )
         policy = PolicyEngine(
@@ -71,10 +67,10 @@ class Core:
             delete_logs=db.delete_logs,
         )
         # what the views compare against; the writer has not started yet
-        db.store_settings(min_rate=params.min_rate, bench_timeout_s=params.bench_timeout_s,
-                          spike_failures=params.spike_failures, spike_window_s=params.spike_window_s,
-                          degrade_recent_runs=params.degrade_recent_runs, degrade_fraction=params.degrade_fraction,
-                          degrade_exclude=params.degrade_action == "exclude")
+        db.store_settings(min_rate=settings.min_rate, bench_timeout_s=settings.bench_timeout_s,
+                          spike_failures=settings.spike_failures, spike_window_s=settings.spike_window_s,
+                          degrade_recent_runs=settings.degrade_recent_runs, degrade_fraction=settings.degrade_fraction,
+                          degrade_exclude=settings.degrade_action == "exclude")
         writer, index, tail = db.writer, db.index, db.tail
         metrics.registry.register(
             LiveStateCollector(

@@ -28,8 +28,8 @@ INTERNAL_ACTIONS = {"exclude_host", "mark_stale", "alert", "flag_degraded"}  # r
 
 
 def store_settings(con: duckdb.DuckDBPyConnection, *, min_rate: float, bench_timeout_s: float,
-                   spike_failures: float = 5, spike_window_s: float = 600.0, degrade_recent_runs: float = 3,
-                   degrade_fraction: float = 0.8, degrade_exclude: bool = False) -> None:
+                   spike_failures: float, spike_window_s: float, degrade_recent_runs: float,
+                   degrade_fraction: float, degrade_exclude: bool) -> None:
     """Write the values the views of migrations 005, 016 and 018 compare against (``policy_settings``);
     called on the write connection at start-up, before the writer thread owns it."""
     values = {"min_rate": min_rate, "bench_timeout_s": bench_timeout_s, "spike_failures": spike_failures,

@@ -89,12 +89,10 @@ class PolicyParams:
     retention_s: float
     exclude_repeats: int = 2
     bench_timeout_s: float = 3600.0
-    spike_failures: int = 5  # failure spikes (migration 018): written to policy_settings, read by the view
-    spike_window_s: float = 600.0
     public_url: str = ""  # the page's base URL, for the links in the rules' evidence
-    degrade_recent_runs: int = 3  # host_degradation (migration 016) reads these from policy_settings
-    degrade_fraction: float = 0.8
     degrade_action: str = "flag"
+    # (the views' own settings, spike_* and degrade_recent_runs/fraction, go to policy_settings at start-up:
+    # db.writes.store_settings, from ingest/core.py; no rule reads them as parameters)
 
     def values(self, now: dt.datetime) -> dict[str, Any]:
         return {
