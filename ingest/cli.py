@@ -228,6 +228,8 @@ def policy_run(args: dict) -> int:
             return 2
         interval_s = float(args.get("policy_interval_s") or 60.0)
         return _policy_via_server(client, once, execute, fmt, interval_s)
+    if not _server_modules("policy run --db"):  # the rules on a database file: the server's modules
+        return 1
     for key in ("server", "token"):
         args.pop(key, None)
     settings = _settings(args)
@@ -374,6 +376,8 @@ def query(args: dict) -> int:
         if client is None:
             return 2
         return _query_via_server(client, sql, given, args["format"], args["expanded"])
+    if not _server_modules("query --db"):
+        return 1
     try:
         columns, rows = _query_local(settings, sql, given)
     except (QueryError, QueryTimeout) as e:

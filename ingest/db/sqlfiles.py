@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ingest.db.usersql import check_select
 from ingest.errors import ConfigError, QueryError
 
 _NEEDS = re.compile(r"^--\s*needs:\s*([a-z0-9_,\s]+?)\s*$", re.MULTILINE)
@@ -129,6 +128,10 @@ class Rule:
 
 def load_rules(queries_dir: str | Path) -> list[Rule]:
     """Read and check every ``queries/policies/*.sql``; a broken rule raises ConfigError naming its file."""
+    # imported here: the read-only check needs duckdb, and the operator's ``fleetlog query`` reads
+    # these files on an agent-only install (no server extra) to send them to a server
+    from ingest.db.usersql import check_select
+
     directory = Path(queries_dir) / "policies"
     if not directory.is_dir():
         raise ConfigError(f"queries_dir: {directory} is not a directory")
