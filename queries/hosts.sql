@@ -1,6 +1,7 @@
 -- hosts: the deploy gate. Per machine_id: best rate, runs, $/proof, whether it is bad and why, and
 --   whether an orchestrator may rent it (not bad, and its best rate, when known, >= $min_rate);
---   reason says why a machine is not eligible (its exclusion, or its best rate under $min_rate).
+--   reason says why a machine is not eligible (its exclusion, or its best rate under $min_rate, even
+--   when an operator included it).
 --   Bad: the newest of (the operator's verdict, the rule's latest unexpired exclusion) decides; an
 --   operator's verdict wins over exclusions for failures that happened before it.
 --   Beside the best rate, the recent one, degraded and why (host_degradation, migration 016).
@@ -56,11 +57,14 @@ SELECT m.machine_id,
        p.dollars_per_proof,
        CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at) THEN v.verdict = 'exclude'
             ELSE r.machine_id IS NOT NULL END AS bad,
-       CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at)
-            THEN 'operator ' || v.verdict || ': ' || v.reason
-            WHEN r.machine_id IS NOT NULL THEN r.reason
-            WHEN p.best_rate < $min_rate  -- not bad, yet not eligible: say why
-            THEN 'best rate ' || round(p.best_rate, 2)::VARCHAR || ' proofs/hour < min_rate ' || $min_rate::VARCHAR END AS reason,
+       CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at) AND v.verdict = 'exclude'
+            THEN 'operator exclude: ' || v.reason
+            WHEN (v.verdict_at IS NULL OR r.failed_at IS NOT NULL AND v.verdict_at < r.failed_at) AND r.machine_id IS NOT NULL
+            THEN r.reason
+            WHEN p.best_rate < $min_rate  -- not bad, yet not eligible (an operator's include too): say why
+            THEN 'best rate ' || round(p.best_rate, 2)::VARCHAR || ' proofs/hour < min_rate ' || $min_rate::VARCHAR
+                 || coalesce(' (operator include: ' || v.reason || ')', '')
+            WHEN v.verdict_at IS NOT NULL THEN 'operator include: ' || v.reason END AS reason,
        CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at) THEN 'operator'
             WHEN r.machine_id IS NOT NULL THEN 'rule' END AS verdict_by,
        CASE WHEN v.verdict_at IS NOT NULL AND (r.failed_at IS NULL OR v.verdict_at >= r.failed_at) THEN v.expires_at

@@ -114,6 +114,28 @@ def test_hosts_shows_dollars_per_proof_to_comparable_precision_and_fills_why(ser
     assert "best rate 12.4 proofs/hour < min_rate 29" in slow, slow
 
 
+def test_hosts_gives_every_machine_that_is_not_eligible_a_why(server):
+    admin = Client(server.url, ADMIN)
+    done = utcnow() - dt.timedelta(minutes=2)
+    admin.post("/api/v1/events", [  # a second slow machine, let back in by the operator: still too slow to rent
+        {"instance_id": "C.91000005", "kind": "registered", "ts": iso(done - dt.timedelta(minutes=14)), "machine_id": 41005,
+         "host_id": 410050, "gpu_model": "RTX A4000", "gpu_count": 1, "dph": 0.18},
+        {"instance_id": "C.91000005", "kind": "bench_started", "ts": iso(done - dt.timedelta(minutes=10)), "proofs": 12},
+        {"instance_id": "C.91000005", "kind": "bench_done", "ts": iso(done), "exit_code": 0, "rate_per_hour": 10.5,
+         "duration_s": 600.0}])
+    admin.post("/api/v1/hosts/41005/include", {})
+    admin.post("/api/v1/hosts/41002/exclude", {})  # the operator's exclusion, no reason given
+    hosts = {h["machine_id"]: h for h in orjson.loads(fleetlog("hosts", "--format", "json", "--server", server.url).stdout)}
+    rows = {r.split()[0]: r for r in lines_of(fleetlog("hosts", "--server", server.url, env={"COLUMNS": "250"}).stdout)[2:-1]}
+    ineligible = {m: h for m, h in hosts.items() if not h["eligible"]}
+    assert {41002, 41003, 41005, 55891} <= set(ineligible), hosts
+    assert {m: h["reason"] for m, h in ineligible.items() if not h["reason"]} == {}, ineligible
+    for machine, h in ineligible.items():
+        assert h["reason"][:24] in rows[str(machine)], (h["reason"], rows[str(machine)])
+    assert "best rate 10.5 proofs/hour < min_rate 29" in hosts[41005]["reason"], hosts[41005]  # not only "operator include"
+    assert hosts[41002]["reason"].startswith("operator exclude"), hosts[41002]
+
+
 def test_query_shows_a_wide_result_vertically(server):
     proc = fleetlog("query", "--file", "why_failed", "--param", "instance_id=C.91000004", "--server", server.url,
                     env={"COLUMNS": "100"})
@@ -164,3 +186,5 @@ def test_policy_run_reports_a_superseded_decision(server_process):
     rows = lines_of(proc.stdout)
     assert "1 superseded" in rows[0], proc.stdout
     assert any("destroy" in r and "C.5" in r and "superseded" in r for r in rows[1:]), proc.stdout
+    why = lines_of(fleetlog("why", "C.5", "--server", server.url).stdout)
+    assert any(line.startswith("decision: destroy C.5 superseded") for line in why[:4]), why  # up top, with its state
