@@ -63,3 +63,23 @@ async def test_failed_instance_shows_where_it_parts_from_the_healthy_run_of_its_
     await page.goto(patterns_server + "/#/instance/C.ok")  # passed: no panel
     await expect(page.locator("#instance-id")).to_have_text("C.ok", timeout=POLL_TIMEOUT_MS)
     await expect(page.locator("#run-diff")).to_be_hidden()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [390, 1280])
+async def test_patterns_views_fit_the_width_without_sideways_scroll(patterns_server, page, width):  # noqa: F811
+    """The list, one pattern's failures and the instance's comparison with a healthy run (a phone: cards)."""
+    await page.set_viewport_size({"width": width, "height": 844 if width == 390 else 900})
+    widths = {}
+    await page.goto(patterns_server + "/#/patterns")
+    row = page.locator("#patterns-table tr[data-pattern]")
+    await expect(row).to_have_count(1, timeout=POLL_TIMEOUT_MS)
+    widths["list"] = await page.evaluate("document.documentElement.scrollWidth")
+    await row.locator("a.template").click()
+    await expect(page.locator("#pattern-failures tr[data-instance]")).to_have_count(3, timeout=POLL_TIMEOUT_MS)
+    widths["pattern"] = await page.evaluate("document.documentElement.scrollWidth")
+    await page.goto(patterns_server + "/#/instance/C.p1")
+    await expect(page.locator('#run-diff .diff-source[data-source="benchdaemon"] tr.diff-failed').first).to_be_visible(
+        timeout=POLL_TIMEOUT_MS)
+    widths["instance, compared with a healthy run"] = await page.evaluate("document.documentElement.scrollWidth")
+    assert {view: w for view, w in widths.items() if w > width} == {}, widths

@@ -108,9 +108,10 @@ async def test_oom_instance_failure_banner_is_on_screen_without_scrolling(fleet,
 
 
 @pytest.mark.slow
-async def test_search_hit_opens_its_line_scrolled_into_view(fleet, page):  # noqa: F811
+@pytest.mark.parametrize("width", sorted(VIEWPORTS))
+async def test_search_hit_opens_its_line_scrolled_into_view(fleet, page, width):  # noqa: F811
     await gpu_samples(fleet.http, "C.32733029", utcnow() - dt.timedelta(minutes=11), gpus=2)
-    await sized(page, 1280)
+    await sized(page, width)
     await page.goto(fleet.url + "/#/search?q=out+of+memory")
     await page.click("#search-hits a.hit-line")
     focused = page.locator("#log-lines .ln.focus")
@@ -247,3 +248,60 @@ async def test_triage_filters_and_sorting_live_in_the_url(demo, page):  # noqa: 
     assert hash_params(page.url) == {"look": "destroy"}
     await expect(page.locator("#fleet-table tbody tr[data-instance]")).to_have_count(
         len({d["subject"] for d in (await api_json(http, "/api/v1/decisions?state=proposed"))["decisions"] if d["action"] == "destroy"}))
+
+
+@pytest.mark.slow
+async def test_triage_every_filter_and_every_sort_is_kept_in_a_pasted_link(demo, page):  # noqa: F811
+    url, http = demo
+    await post(http, "/api/v1/events", {"instance_id": "C.loc", "kind": "registered", "ts": iso(utcnow()), "machine_id": 790,
+                                        "gpu_model": "RTX 4090", "gpu_count": 1, "dph": 0.3, "location": "DE"})
+    instances = {i["instance_id"]: i for i in (await api_json(http, "/api/v1/instances"))["instances"]}
+    rows = page.locator("#fleet-table tbody tr[data-instance]")
+    await sized(page, 1280)
+    fields = {"outcome": "outcome", "class": "failure_class", "phase": "failed_phase", "gpu": "gpu_model",
+              "machine": "machine_id", "location": "location"}
+    for key, field in fields.items():
+        await page.goto(url + "/#/fleet")
+        await expect(rows).to_have_count(len(instances))
+        values = [v for v in await page.locator(f"#filter-{key} option").evaluate_all("os => os.map(o => o.value)") if v]
+        assert values, key
+        value = values[0]
+        await page.select_option(f"#filter-{key}", value)
+        wanted = sorted(i for i, doc in instances.items() if str(doc[field]) == value)
+        await expect(rows).to_have_count(len(wanted))
+        assert hash_params(page.url) == {key: value}, (key, page.url)
+        assert sorted(await row_ids(page)) == wanted, key
+        pasted = page.url
+        await page.goto("about:blank")
+        await page.goto(pasted)  # the same list from the link alone
+        await expect(page.locator(f"#filter-{key}")).to_have_value(value)
+        await expect(rows).to_have_count(len(wanted))
+    await page.goto(url + "/#/fleet")
+    state = page.locator('#filter-state a[data-state="bench_done"]')
+    await state.click()
+    assert hash_params(page.url) == {"state": "bench_done"}
+    await expect(rows).to_have_count(sum(1 for i in instances.values() if i["state"] == "bench_done"))
+
+    columns = await page.locator("#fleet-table thead th[data-sort]").evaluate_all("ths => ths.map(t => t.dataset.sort)")
+    assert columns[-1] == "worst" and len(columns) == 12, columns  # the eleven columns, and worst first (a phone's)
+    for column in columns[:-1]:
+        first, second = ("descending", "ascending") if column == "last_seen" else ("ascending", "descending")  # newest first
+        for clicks, direction in ((1, first), (2, second)):
+            await page.goto(url + "/#/fleet")
+            await expect(rows).to_have_count(len(instances))
+            for _ in range(clicks):
+                await page.click(f'#fleet-table th[data-sort="{column}"] a')
+            assert hash_params(page.url).get("sort") == column, page.url
+            header = page.locator(f'#fleet-table th[data-sort="{column}"]')
+            await expect(header).to_have_attribute("aria-sort", direction)
+            order = await row_ids(page)
+            pasted = page.url
+            await page.goto("about:blank")
+            await page.goto(pasted)
+            await expect(header).to_have_attribute("aria-sort", direction)
+            await expect(rows).to_have_count(len(instances))
+            assert await row_ids(page) == order, (column, direction)
+    await sized(page, 390)  # cards: the headers are the sort chips, worst first among them
+    await page.goto(url + "/#/fleet?sort=rate&dir=desc")
+    await page.click('#fleet-table th[data-sort="worst"] a')
+    assert hash_params(page.url) == {}, page.url
