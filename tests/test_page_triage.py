@@ -122,6 +122,20 @@ async def test_search_hit_opens_its_line_scrolled_into_view(fleet, page, width):
 
 
 @pytest.mark.slow
+async def test_oom_instance_says_its_rate_was_not_measured_as_the_fleet_list_does(fleet, page):  # noqa: F811
+    """The wrapper reports 0 proofs/hour for a run that measured nothing (INCIDENT.md): the rules, the
+    fleet list and ``fleetlog why`` read 0 as no measurement; the instance view says so too."""
+    await page.goto(fleet.url + "/#/fleet")
+    await expect(page.locator('#fleet-table [data-instance="C.32733029"] [data-col="rate"]')).to_have_text("—")
+    await page.goto(fleet.url + "/#/instance/C.32733029")
+    rate = page.locator('#banner .banner.fail [data-fact="rate"]')
+    await expect(rate).to_have_text("not measured (min_rate 29)")
+    run = page.locator("#bench-runs tbody tr").first
+    await expect(run).to_contain_text("oom")
+    await expect(run).not_to_contain_text("0.0 / 29")
+
+
+@pytest.mark.slow
 async def test_timeline_shows_the_gpu_state_and_its_reason(fleet, page):  # noqa: F811
     await post(fleet.http, "/api/v1/events", {"instance_id": "C.32733029", "kind": "gpu_state", "ts": iso(utcnow()),
                                               "state": "gpu_lost", "gpu": "0", "reason": "Xid 79: GPU has fallen off the bus"})

@@ -138,8 +138,14 @@ export function stateBadge(state) {
 }
 
 // A rate against the minimum: "0.0 / 29" in red when below it, green when at or above.
+// A rate of 0 (or none) is no measurement, as the server reads it (bench_outcomes.rate_measured): the
+// wrapper reports 0 proofs/hour for a run that measured nothing.
+export function rateMeasured(rate) {
+  return typeof rate === "number" && rate > 0;
+}
+
 export function rateCell(rate, minRate, exitCode) {
-  if (rate === null || rate === undefined) return h("span", { class: "muted", text: "—" });
+  if (!rateMeasured(rate)) return h("span", { class: "muted", title: "not measured", text: "—" });
   const failed = (exitCode !== null && exitCode !== undefined && exitCode !== 0) || (minRate !== null && rate < minRate);
   return h(
     "span",

@@ -4,7 +4,7 @@
 import { api, minRate, path } from "./api.js";
 import { renderCharts } from "./charts.js";
 import {
-  cardLabels, fmtDuration, fmtNumber, fmtTime, h, link, machineHref, parseTime, poll, rateCell, replace, stateBadge, timeCell,
+  cardLabels, fmtDuration, fmtNumber, fmtTime, h, link, machineHref, parseTime, poll, rateCell, rateMeasured, replace, stateBadge, timeCell,
 } from "./dom.js";
 import { LogsPanel } from "./logs.js";
 import { renderDiff } from "./patterns.js";
@@ -128,7 +128,7 @@ function renderBanner(el, d, min) {
   const facts = [
     ["exit code", b.exit_code ?? "—"],
     ["class", b.failure_class || (failed ? "not classified yet" : "—")],
-    ["rate", `${fmtNumber(b.rate_per_hour)} proofs/hour${min === null ? "" : ` (min_rate ${min})`}`],
+    ["rate", `${rateMeasured(b.rate_per_hour) ? `${fmtNumber(b.rate_per_hour)} proofs/hour` : "not measured"}${min === null ? "" : ` (min_rate ${min})`}`],
     ["proofs ok", `${b.proofs_ok ?? "?"} / ${b.proofs ?? "?"}`],
     ["duration", fmtDuration(b.duration_s)],
     ["ended", fmtTime(b.done_at)],
