@@ -225,6 +225,9 @@ async def test_triage_opens_the_page_with_counts_and_the_worst_first(demo, page,
     assert set(first) == destroy, ids  # failing with a destroy proposed, on top
     assert ids.index("C.40") > ids.index("C.hung") and ids.index("C.40") > ids.index("C.params")
     assert await document_width(page) <= width
+    failure = page.locator(f'#fleet-table tbody tr[data-instance="{ids[0]}"] [data-col="failure"]')
+    assert await page.evaluate("window.scrollY") == 0
+    assert await in_viewport(page, failure), (await failure.bounding_box(), width)  # what the worst one failed of, unscrolled
     await page.screenshot(path=f"/tmp/k-page/triage-{width}.png")
 
 
