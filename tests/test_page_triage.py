@@ -136,6 +136,18 @@ async def test_oom_instance_says_its_rate_was_not_measured_as_the_fleet_list_doe
 
 
 @pytest.mark.slow
+async def test_lifecycle_details_stay_inside_their_card_on_a_phone(fleet, page):  # noqa: F811
+    await sized(page, 390)
+    await page.goto(fleet.url + "/#/instance/C.32733029")
+    await expect(page.locator('#timeline li[data-kind="bench_started"] .ev-detail')).to_contain_text("partition-workers")
+    card = await page.locator("#timeline").bounding_box()
+    spilled = await page.locator("#timeline li").evaluate_all(
+        """(items, right) => items.flatMap(li => [...li.children]).filter(el => el.getBoundingClientRect().right > right + 0.5)
+                                  .map(el => `${el.closest('li').dataset.kind}: ${el.textContent}`)""", card["x"] + card["width"])
+    assert spilled == [], spilled
+
+
+@pytest.mark.slow
 async def test_timeline_shows_the_gpu_state_and_its_reason(fleet, page):  # noqa: F811
     await post(fleet.http, "/api/v1/events", {"instance_id": "C.32733029", "kind": "gpu_state", "ts": iso(utcnow()),
                                               "state": "gpu_lost", "gpu": "0", "reason": "Xid 79: GPU has fallen off the bus"})

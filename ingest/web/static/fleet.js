@@ -12,7 +12,7 @@ import {
 
 const STATES = ["registered", "params_done", "benchmarking", "bench_done", "running", "killed", "unknown"];
 const REFRESH_MS = 5000;
-const PAGE_ROWS = 300; // rows drawn at first; "show more" draws the rest (a phone, a fleet of thousands)
+const PAGE_ROWS = 100; // rows drawn at first; "show more" draws the rest (a phone, a fleet of thousands): a screen holds ~12
 
 // the selects: URL key -> [label, the instance's value]
 const FILTERS = [
