@@ -230,7 +230,7 @@ async def test_triage_opens_the_page_with_counts_and_the_worst_first(demo, page,
     await sized(page, width)
     await page.goto(url + "/")
     for key, n in expected.items():
-        await expect(page.locator(f'#counts [data-count="{key}"] .n')).to_have_text(str(n))
+        await expect(page.locator(f'#counts [data-count="{key}"] .n')).to_have_text(str(n), timeout=POLL_TIMEOUT_MS)
     ids = await row_ids(page)
     assert set(ids) == {i["instance_id"] for i in instances}
     first = ids[: len(destroy)]
@@ -291,13 +291,13 @@ async def test_triage_every_filter_and_every_sort_is_kept_in_a_pasted_link(demo,
               "machine": "machine_id", "location": "location"}
     for key, field in fields.items():
         await page.goto(url + "/#/fleet")
-        await expect(rows).to_have_count(len(instances))
+        await expect(rows).to_have_count(len(instances), timeout=POLL_TIMEOUT_MS)
         values = [v for v in await page.locator(f"#filter-{key} option").evaluate_all("os => os.map(o => o.value)") if v]
         assert values, key
         value = values[0]
         await page.select_option(f"#filter-{key}", value)
         wanted = sorted(i for i, doc in instances.items() if str(doc[field]) == value)
-        await expect(rows).to_have_count(len(wanted))
+        await expect(rows).to_have_count(len(wanted), timeout=POLL_TIMEOUT_MS)
         assert hash_params(page.url) == {key: value}, (key, page.url)
         assert sorted(await row_ids(page)) == wanted, key
         pasted = page.url
@@ -317,7 +317,7 @@ async def test_triage_every_filter_and_every_sort_is_kept_in_a_pasted_link(demo,
         first, second = ("descending", "ascending") if column == "last_seen" else ("ascending", "descending")  # newest first
         for clicks, direction in ((1, first), (2, second)):
             await page.goto(url + "/#/fleet")
-            await expect(rows).to_have_count(len(instances))
+            await expect(rows).to_have_count(len(instances), timeout=POLL_TIMEOUT_MS)
             for _ in range(clicks):
                 await page.click(f'#fleet-table th[data-sort="{column}"] a')
             assert hash_params(page.url).get("sort") == column, page.url
@@ -328,7 +328,7 @@ async def test_triage_every_filter_and_every_sort_is_kept_in_a_pasted_link(demo,
             await page.goto("about:blank")
             await page.goto(pasted)
             await expect(header).to_have_attribute("aria-sort", direction)
-            await expect(rows).to_have_count(len(instances))
+            await expect(rows).to_have_count(len(instances), timeout=POLL_TIMEOUT_MS)
             assert await row_ids(page) == order, (column, direction)
     await sized(page, 390)  # cards: the headers are the sort chips, worst first among them
     await page.goto(url + "/#/fleet?sort=rate&dir=desc")
