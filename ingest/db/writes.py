@@ -142,9 +142,12 @@ def store_verdict(con: duckdb.DuckDBPyConnection, *, machine_id: int, verdict: s
     )
 
 
-def delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str) -> int:
+def delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str, stream_lines: bool = True) -> int:
+    """``stream_lines`` (file mode): the instance's rows of log_stream_lines go with its lines (019)."""
     deleted = con.execute("DELETE FROM logs WHERE instance_id = ?", [instance_id]).fetchone()[0]
     con.execute("DELETE FROM metrics WHERE instance_id = ?", [instance_id])
+    if stream_lines:
+        con.execute("DELETE FROM log_stream_lines WHERE instance_id = ?", [instance_id])
     return deleted
 
 
