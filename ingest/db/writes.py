@@ -5,6 +5,8 @@ function of the write connection and plain values, run on the writer thread in i
 - ``store_settings``: the values the views of migration 005 compare against (start-up);
 - ``store_classes``, ``store_decisions``, ``settle_decision``: the policy engine's record;
 - ``delete_logs``: the retention rule carried out (the one statement, lake mode's too);
+- ``recount_stream_lines``: log_stream_lines (019) counted again from the stored lines, after a bulk
+  load that bypassed the writer's batches (tests' and benches' fleets inserted with one INSERT);
 - ``store_verdict``: an operator's verdict on a host;
 - ``write_instance_token``, ``store_issued``: instance tokens (and the enrollments they record).
 """
@@ -149,6 +151,16 @@ def delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str, stream_lines: 
     if stream_lines:
         con.execute("DELETE FROM log_stream_lines WHERE instance_id = ?", [instance_id])
     return deleted
+
+
+def recount_stream_lines(con: duckdb.DuckDBPyConnection, instance_ids: list[str] | None = None) -> None:
+    """log_stream_lines of ``instance_ids`` (every instance when None) counted again from ``logs``."""
+    where, params = ("WHERE instance_id IN (SELECT unnest(?::VARCHAR[]))", [instance_ids]) if instance_ids is not None else ("", [])
+    con.execute(f"DELETE FROM log_stream_lines {where}", params)
+    con.execute(f"""INSERT INTO log_stream_lines
+                    SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated),
+                           min(ts), max(ts)
+                    FROM logs {where} GROUP BY ALL""", params)
 
 
 def write_instance_token(con, instance_id: str, token_sha: str, issued_us: int, *, revoke_old: bool) -> None:
