@@ -5,19 +5,24 @@ built on it) cost what the streams are, not every line ever stored (issue 21: de
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+from pathlib import Path
 
 import duckdb
 import orjson
 
 from ingest.db import store, writes
+from ingest.db.sqlfiles import load_rules
 from tests.fleet import rows
 
+REPO = Path(__file__).resolve().parent.parent
 AGGREGATE = """
-SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated), min(ts), max(ts)
+SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated), min(ts), max(ts),
+       max(received_at)
 FROM logs GROUP BY ALL ORDER BY ALL
 """
 KEPT = """
-SELECT instance_id, source, run_id, lines, first_seq, last_seq, truncated, first_ts, last_ts
+SELECT instance_id, source, run_id, lines, first_seq, last_seq, truncated, first_ts, last_ts, last_received_at
 FROM log_stream_lines ORDER BY ALL
 """
 
@@ -40,6 +45,21 @@ def test_the_views_the_rules_read_scan_no_stored_line(tmp_path):
             plan = orjson.loads(con.execute(f"EXPLAIN (FORMAT json) SELECT * FROM {view}").fetchall()[0][1])
             scanned = set().union(*(_tables_scanned(p) for p in plan))
             assert "logs" not in scanned, f"{view} reads every stored line: {sorted(scanned)}"
+    finally:
+        con.close()
+
+
+def test_the_destroy_rule_scans_no_stored_line(tmp_path):
+    """Its class guard (a line of the run stored after its class was made) reads each stream's
+    newest, not the logs table."""
+    con = store.open_database(tmp_path / "f.duckdb")
+    try:
+        [rule] = [r for r in load_rules(REPO / "queries") if r.name == "destroy_below_min_rate"]
+        params = {"destroy_grace_s": 45.0, "now": dt.datetime(2026, 12, 2)}
+        plan = orjson.loads(con.execute("EXPLAIN (FORMAT json) " + rule.sql, {p: params[p] for p in rule.params}
+                                        ).fetchall()[0][1])
+        scanned = set().union(*(_tables_scanned(p) for p in plan))
+        assert "logs" not in scanned and "log_stream_lines" in scanned, sorted(scanned)
     finally:
         con.close()
 

@@ -274,12 +274,14 @@ def warm_up() -> None:
 # exactly-once filter dropped the lines already stored or already in the group), so counts add up
 _ADD_STREAM_LINES_SQL = """
 INSERT INTO log_stream_lines
-SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated), min(ts), max(ts)
+SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated), min(ts), max(ts),
+       make_timestamp({received_us}::BIGINT)
 FROM _log_batch GROUP BY ALL
 ON CONFLICT (instance_id, source, run_id) DO UPDATE SET
     lines = lines + excluded.lines, first_seq = least(first_seq, excluded.first_seq),
     last_seq = greatest(last_seq, excluded.last_seq), truncated = truncated + excluded.truncated,
-    first_ts = least(first_ts, excluded.first_ts), last_ts = greatest(last_ts, excluded.last_ts)
+    first_ts = least(first_ts, excluded.first_ts), last_ts = greatest(last_ts, excluded.last_ts),
+    last_received_at = greatest(last_received_at, excluded.last_received_at)
 """
 
 
@@ -289,7 +291,7 @@ def _insert_logs(con: duckdb.DuckDBPyConnection, logs: LogColumns, received_us: 
     if stream_lines:
         con.register("_log_batch", table)
         try:
-            con.execute(_ADD_STREAM_LINES_SQL)
+            con.execute(_ADD_STREAM_LINES_SQL.format(received_us=int(received_us)))
         finally:
             con.unregister("_log_batch")
 

@@ -159,7 +159,7 @@ def recount_stream_lines(con: duckdb.DuckDBPyConnection, instance_ids: list[str]
     con.execute(f"DELETE FROM log_stream_lines {where}", params)
     con.execute(f"""INSERT INTO log_stream_lines
                     SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated),
-                           min(ts), max(ts)
+                           min(ts), max(ts), max(received_at)
                     FROM logs {where} GROUP BY ALL""", params)
 
 

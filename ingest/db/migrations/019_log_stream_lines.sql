@@ -5,7 +5,9 @@
 -- ~40% of a loaded server's policy time in the fleet simulation (issue 21: decisions late).
 --
 -- log_stream_lines holds per (instance, source, run) the same figures 010 counted: lines, first and
--- last seq, truncated lines, first and last ts. The writer adds each group commit's inserted lines to it
+-- last seq, truncated lines, first and last ts; and when its newest line was stored (last_received_at:
+-- the destroy rule's class guard asked the logs table whether any line of a run was stored after
+-- its class was made, another read of every stored line). The writer adds each group commit's inserted lines to it
 -- in the same transaction (ingest/db/store.py write_batch: only the rows actually inserted, after the
 -- exactly-once filter, so it never counts a duplicate), and the retention delete removes an
 -- instance's rows with its lines (ingest/db/writes.py delete_logs). The rows stored before this
@@ -22,10 +24,12 @@ CREATE TABLE log_stream_lines (
     truncated    BIGINT NOT NULL,
     first_ts     TIMESTAMP NOT NULL,
     last_ts      TIMESTAMP NOT NULL,
+    last_received_at TIMESTAMP NOT NULL,
     PRIMARY KEY (instance_id, source, run_id)
 );
 INSERT INTO log_stream_lines
-SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated), min(ts), max(ts)
+SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated), min(ts), max(ts),
+       max(received_at)
 FROM logs GROUP BY ALL;
 
 -- log_streams as 010 defined it (names, columns, meanings), its stored lines read from log_stream_lines.
