@@ -409,3 +409,28 @@ async def test_a_destroy_is_not_rechecked_by_a_second_evaluation_no_fresher_than
     report = await run_policies(client, execute=True)
     assert [s for s, _ in calls()] == ["C.d2"] and len(report.executed) == 1
     assert order.count("destroy_below_min_rate") == 1, order
+
+
+async def test_a_superseded_destroy_is_carried_out_once_its_rule_selects_it_again(aiohttp_client, policy_settings,
+                                                                                 tmp_path):
+    """A failed fetch's evidence is the instance's streams: a new one (the entrypoint's) seen between the
+    decision and its re-check supersedes the destroy; once that stream is declared complete, the rule
+    selects the instance again, and the destroy of that same episode is carried out (found by the fleet
+    simulation: the episode could never be destroyed again, and the fleet never settled)."""
+    from tests.fleet import params_failure
+
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(policy_settings, actuator_command=command)))
+    at = utcnow() - dt.timedelta(seconds=30)
+    await params_failure(client, "C.p1", 940, at=at, exit_code=3)
+    await push_lines(client, "C.p1", "setup", ["fetching parameters", "error: paramfetch: HTTP 503"], at=at)
+    await complete_logs(client, "C.p1", at, {"setup": 1})
+    assert len((await run_policies(client)).new_decisions) == 1  # proposed
+    await push_lines(client, "C.p1", "entrypoint", ["[entrypoint] parameter fetch failed"], at=at)
+    report = await run_policies(client, execute=True)
+    assert len(report.superseded) == 1 and calls() == []
+    await complete_logs(client, "C.p1", at + dt.timedelta(seconds=2), {"entrypoint": 0})
+    report = await run_policies(client, execute=True)
+    assert [s for s, _ in calls()] == ["C.p1"] and len(report.executed) == 1, report
+    assert rows(client, "SELECT state, last_error FROM decisions WHERE subject = 'C.p1' AND action = 'destroy'") == [
+        ("executed", None)]

@@ -60,14 +60,15 @@ def store_classes(con: duckdb.DuckDBPyConnection, rows: list[tuple], now: dt.dat
 def store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple["Rule", tuple]], now: dt.datetime
                      ) -> tuple[list[int], list[int]]:
     """Insert what is new (decided at ``now``: when the rules had run); a decision still proposed, or a
-    verdict fleetlog acts on itself, decided again with another reason or evidence takes the new ones.
+    verdict fleetlog acts on itself, decided again with another reason or evidence takes the new ones;
+    a superseded one decided again is proposed again (decided at ``now``, counted as new).
     Returns (new ids, updated ids).
 
     What is new is inserted in one statement, whatever its number: in a transaction, each DuckDB
     ``INSERT ... ON CONFLICT`` holds ~150 KiB of transaction-local memory until the commit, so a cycle
     deciding 1,600 things at once (a fleet gone silent: a mark_stale each) ran the commit out of
     DuckDB's 256 MiB (503, and the next cycle again), tests/test_policy_scale.py."""
-    new_ids, updated = [], []
+    new_ids, updated, reopened = [], [], []
     subjects = sorted({str(subject) for _rule, (subject, *_rest) in decided})
     held_rows = con.execute(  # one query for what is held, whatever the number of decisions
         "SELECT rule, subject, episode, id, state, reason, evidence::VARCHAR FROM decisions "
@@ -80,6 +81,15 @@ def store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple["Rule", 
         held = holding.get(key)
         if held:
             decision_id, state, held_reason, held_evidence = held
+            if state == "superseded" and not internal:
+                # its rule selects it again: what made it stale has passed (an instance's new stream, seen
+                # between the decision and its re-check, declared complete since), so it stands again
+                # (superseded had made the episode's destroy impossible for good, tests/fleetsim.py)
+                con.execute("UPDATE decisions SET state = 'proposed', reason = ?, evidence = ?, rule_sha = ?, decided_at = ?, "
+                            "settled_at = NULL, last_error = NULL WHERE id = ?",
+                            [reason, evidence, rule.sha, now, decision_id])
+                reopened.append(decision_id)
+                continue
             changed = held_reason != reason or orjson.loads(held_evidence) != orjson.loads(evidence)
             if changed and (state == "proposed" or (internal and state == "executed")):
                 con.execute("UPDATE decisions SET reason = ?, evidence = ?, rule_sha = ? WHERE id = ?",
@@ -88,7 +98,7 @@ def store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple["Rule", 
             continue
         fresh.setdefault(key, (rule.sha, action, reason, evidence, expires_at, "executed" if internal else "proposed"))
     if not fresh:
-        return new_ids, updated
+        return reopened, updated
     keys = list(fresh)
     columns = list(zip(*(k + v for k, v in fresh.items())))
     names, shas, subject_ids, actions, reasons, evidences, episodes, expires, states = (
@@ -115,7 +125,7 @@ def store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple["Rule", 
     ids = {(r, subj, ep): i for r, subj, ep, i in con.execute(
         "SELECT rule, subject, episode, id FROM decisions WHERE decided_at = ?::TIMESTAMP "
         "AND subject IN (SELECT unnest(?::VARCHAR[]))", [now, sorted(set(subject_ids))]).fetchall()}
-    new_ids = [ids[key] for key in keys if key in ids]
+    new_ids = reopened + [ids[key] for key in keys if key in ids]
     return new_ids, updated
 
 
