@@ -35,7 +35,8 @@ decision, or since their last failed attempt: a failing one goes to the back of 
 never holds the others up); a failed one is retried on later runs until ``actuator_retries`` attempts,
 then marked ``failed``. Right before a destroy or a delete_logs is carried
 out its rule is evaluated again on current data: if it no longer selects the subject, the decision becomes
-``superseded`` and is never executed. A decision proposed, superseded, executed or failed is sent to
+``superseded`` and is not executed on that evidence (proposed again if a later run's rule selects its
+subject again for the same episode: writes.store_decisions). A decision proposed, superseded, executed or failed is sent to
 the notifier (``notify_webhook_url``). Everything is written through the writer.
 
 The record's times are the real clock's, whatever ``now`` the rules are given: ``decided_at`` once
