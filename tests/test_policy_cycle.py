@@ -395,22 +395,6 @@ async def test_a_destroy_is_carried_out_before_the_rules_after_the_destroy_rule_
     assert later and cycle.index("actuator C.d1") < min(cycle.index(name) for name in later), order
 
 
-async def test_a_destroy_is_not_rechecked_by_a_second_evaluation_no_fresher_than_the_first(aiohttp_client, policy_settings,
-                                                                                         tmp_path, monkeypatch):
-    """On a loaded host the destroy rule takes longer than RECHECK_MAX_AGE_S: evaluating it again
-    right away would answer on evidence as old by the time it came, at the cost of a second run."""
-    command, calls = await actuator_script(tmp_path)
-    client = await aiohttp_client(create_app(replace(policy_settings, actuator_command=command)))
-    done = utcnow() - dt.timedelta(seconds=30)
-    await bench_instance(client, "C.d2", 932, done=done, exit_code=0, rate=12.5)
-    await complete_logs(client, "C.d2", done, {"benchout": -1})
-    engine, order = client.app[CORE].policy, []
-    await _slow_destroy_rule(engine, monkeypatch, order, slow_s=1.5)
-    report = await run_policies(client, execute=True)
-    assert [s for s, _ in calls()] == ["C.d2"] and len(report.executed) == 1
-    assert order.count("destroy_below_min_rate") == 1, order
-
-
 async def test_a_superseded_destroy_is_carried_out_once_its_rule_selects_it_again(aiohttp_client, policy_settings,
                                                                                  tmp_path):
     """A failed fetch's evidence is the instance's streams: a new one (the entrypoint's) seen between the

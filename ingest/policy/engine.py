@@ -200,12 +200,10 @@ class PolicyEngine:
                 # the rules that decide destroys (and those they read) first, and their destroys carried out at
                 # once: a destroy does not wait for the other rules (hosts, staleness, retention, spikes)
                 evaluated_at: dict[str, float] = {}  # rule -> when its evaluation began (time.monotonic())
-                evaluated_to: dict[str, float] = {}  # rule -> when it ended
                 done: set[str] = set()
                 for only, actions in ((self._acting, {"destroy"}), (None, {"delete_logs"})):
                     only = only if only is not None else self._needed(self._rest)
-                    decided = await asyncio.to_thread(self._evaluate, params, report.rule_errors, only, evaluated_at,
-                                                      evaluated_to)
+                    decided = await asyncio.to_thread(self._evaluate, params, report.rule_errors, only, evaluated_at)
                     decided = [(rule, row) for rule, row in decided if rule.name not in done]  # decided once a cycle
                     done |= only
                     decided_at = utcnow()  # the rules have run: whatever they read was stored before this
@@ -217,7 +215,7 @@ class PolicyEngine:
                         for decision in await asyncio.to_thread(self._decisions, new):
                             self.notifier.send("alert" if decision["action"] == "alert" else decision["state"], decision)
                     if execute:
-                        await self._carry_out(report, now, (evaluated_at, decided, evaluated_to), actions)
+                        await self._carry_out(report, now, (evaluated_at, decided), actions)
                 self._note_health(report.rule_errors)
             except Exception:
                 self.metrics.policy_runs.labels(result="error").inc()
@@ -257,14 +255,12 @@ class PolicyEngine:
         return rows or []
 
     def _evaluate(self, params: dict[str, Any], errors: dict[str, str] | None = None,
-                  only: set[str] | None = None, started: dict[str, float] | None = None,
-                  ended: dict[str, float] | None = None) -> list[tuple[Rule, tuple]]:
+                  only: set[str] | None = None, started: dict[str, float] | None = None) -> list[tuple[Rule, tuple]]:
         """Run the rules in order, each under its own deadline (``only``: those named, see _needed);
         a rule that fails is noted in ``errors`` and decides nothing. ``started`` gets when each
-        rule's evaluation began (time.monotonic(): the age of what it read), ``ended`` when it ended."""
+        rule's evaluation began (time.monotonic(): the age of what it read)."""
         errors = {} if errors is None else errors
         started = {} if started is None else started
-        ended = {} if ended is None else ended
         decided = []
         with self.con.deadline_cursor(self._budget_s()) as cur:
             for rule in self.rules:
@@ -277,7 +273,6 @@ class PolicyEngine:
                                          decides=rule.output == "decisions")
 
                 rows = self._run_rule(rule, cur, run, errors)
-                ended[rule.name] = time.monotonic()
                 if rows is not None:
                     errors.pop(rule.name, None)
                     decided.extend((rule, row) for row in rows)
@@ -303,17 +298,16 @@ class PolicyEngine:
         return dict(self.failing)
 
     async def _carry_out(self, report: CycleReport, now: dt.datetime,
-                         evaluated: tuple[dict[str, float], list[tuple[Rule, tuple]], dict[str, float]] | None = None,
+                         evaluated: tuple[dict[str, float], list[tuple[Rule, tuple]]] | None = None,
                          actions: set[str] = frozenset({"destroy", "delete_logs"})) -> None:
         """The proposed decisions of ``actions`` carried out. ``evaluated``: (when each rule began,
-        what they decided, when each ended) of this run's evaluation of those rules, the first re-check."""
+        what they decided) of this run's evaluation of those rules, the first re-check."""
         proposed = [d for d in await asyncio.to_thread(self._proposed) if d["action"] in actions]
         if not proposed:
             return
         self._check = _Recheck(self, {d["rule"] for d in proposed}, now)
         if evaluated is not None:
-            at, decided, ended = evaluated
-            self._check.seed(at, decided, dict(report.rule_errors), ended)
+            self._check.seed(*evaluated, dict(report.rule_errors))
         try:
             await self._carry_out_proposed(proposed, report)
         finally:
@@ -449,13 +443,12 @@ class PolicyEngine:
         check = self._check or _Recheck(self, {decision["rule"]}, now)
         return check.current(decision, asked)
 
-    def _selected(self, names: set[str], now: dt.datetime, started: dict[str, float] | None = None,
-                  ended: dict[str, float] | None = None) -> tuple[list[tuple[Rule, tuple]], dict[str, str]]:
+    def _selected(self, names: set[str], now: dt.datetime, started: dict[str, float] | None = None
+                  ) -> tuple[list[tuple[Rule, tuple]], dict[str, str]]:
         """Evaluate the rules ``names`` need on current data: what they decide, and which failed
-        (``started``, ``ended``: see _evaluate)."""
+        (``started``: see _evaluate)."""
         failed: dict[str, str] = {}
-        return self._evaluate(self.params.values(now), errors=failed, only=self._needed(names), started=started,
-                              ended=ended), failed
+        return self._evaluate(self.params.values(now), errors=failed, only=self._needed(names), started=started), failed
 
     def _decisions(self, ids: list[int]) -> list[dict[str, Any]]:
         return self.con.read(decisions_by_id, ids)
@@ -530,36 +523,31 @@ class PolicyEngine:
 
 
 _UNKNOWN = object()  # a recheck whose rule failed: neither selected nor superseded
-RECHECK_MAX_AGE_S = 1.0  # a decision is carried out on an evaluation of its rule at most this old (past its own length)
+RECHECK_MAX_AGE_S = 1.0  # a decision is carried out on an evaluation of its rule at most this old
 
 
 class _Recheck:
     """Right before a decision is carried out, its rule is evaluated again on current data. One
     evaluation (of the rules the run's proposed decisions need) serves the decisions carried out
-    after it until it is RECHECK_MAX_AGE_S older than it took (its age: since the first of those rules
-    began; its length: until the last ended. Evaluated again at once, the answer would be as old as
-    that length when it came: on a loaded host, where the destroy rule takes seconds, a fixed bound
-    evaluated every rule twice per destroy, and carried out nothing on fresher evidence), and serves
-    every decision asked about before it began (a wave of destroys, _wave): a run of destroys does not
-    evaluate the rules once per destroy, and none is carried out on evidence older than that."""
+    after it until it is RECHECK_MAX_AGE_S old (its age: since the first of those rules began), and
+    serves every decision asked about before it began (a wave of destroys, _wave): a run of destroys
+    does not evaluate the rules once per destroy, and none is carried out on evidence older than that.
+    (Not "older than the evaluation took": under load the seconds between a cycle's evaluation and the
+    actuator call held a healthy instance's bench_done, and it was destroyed as hung: the fleet sim.)"""
 
     def __init__(self, engine: PolicyEngine, names: set[str], now: dt.datetime) -> None:
         self.engine, self.names, self.now = engine, names, now
         self.at: float | None = None
-        self.took = 0.0  # how long that evaluation took
         self.selected: dict[tuple[str, str, str], tuple[str, Any]] = {}
         self.failed: dict[str, str] = {}
         self.lock = threading.Lock()  # one evaluation at a time, shared by whoever waited for it
 
-    def seed(self, at: dict[str, float], decided: list[tuple[Rule, tuple]], failed: dict[str, str],
-             ended: dict[str, float] | None = None) -> None:
-        """An evaluation whose rules began at ``at`` (rule -> time.monotonic()) and ended at ``ended``
-        that serves as the first re-check; its age is that of the oldest of the rules the re-check
-        needs, its length from then until the last of them ended."""
+    def seed(self, at: dict[str, float], decided: list[tuple[Rule, tuple]], failed: dict[str, str]) -> None:
+        """An evaluation whose rules began at ``at`` (rule -> time.monotonic()) that serves as the
+        first re-check; its age is that of the oldest of the rules the re-check needs."""
         needed = self.engine._needed(self.names)
         self.at = min((t for name, t in at.items() if name in needed), default=min(at.values(), default=None))
-        ends = [t for name, t in (ended or {}).items() if name in needed]
-        self.took = max(0.0, max(ends) - self.at) if ends and self.at is not None else 0.0
+
         self.failed, self.selected = failed, {}
         for rule, (subject, action, reason, evidence, _episode, _expires_at) in decided:
             self.selected.setdefault((rule.name, str(subject), action), (reason, orjson.loads(evidence)))
@@ -571,12 +559,11 @@ class _Recheck:
         enough whatever its age (the wave it serves was asked about before it)."""
         with self.lock:
             fresh = self.at is not None and (
-                (asked is not None and self.at >= asked) or time.monotonic() - self.at <= RECHECK_MAX_AGE_S + self.took)
+                (asked is not None and self.at >= asked) or time.monotonic() - self.at <= RECHECK_MAX_AGE_S)
             if not fresh:
                 at: dict[str, float] = {}
-                ended: dict[str, float] = {}
-                decided, failed = self.engine._selected(self.names, self.now, at, ended)
-                self.seed(at, decided, failed, ended)
+                decided, failed = self.engine._selected(self.names, self.now, at)
+                self.seed(at, decided, failed)
         if decision["rule"] in self.failed:
             return _UNKNOWN
         return self.selected.get((decision["rule"], decision["subject"], decision["action"]))
