@@ -166,10 +166,6 @@ class PolicyEngine:
         self._check: _Recheck | None = None  # the re-check of the run carrying decisions out
         self._loop: asyncio.AbstractEventLoop | None = None  # run_forever's, while it runs
         self._woken: asyncio.Event | None = None  # set (on that loop) by wake()
-        # the rules that decide destroys and those they read: evaluated, and their destroys carried out,
-        # before the others (_rest) in each cycle
-        self._acting = self._needed({r.name for r in rules if r.output == "decisions" and DESTROYS.search(r.sql)})
-        self._rest = {r.name for r in rules if r.output != "classify"} - self._acting
         writer.watch_events(WAKE_KINDS, self.wake)
         for rule in rules:  # the series exist at 0 from start-up, so that the first failure alerts
             metrics.policy_rule_failing.labels(rule=rule.name).set(0)
@@ -201,8 +197,8 @@ class PolicyEngine:
                 # once: a destroy does not wait for the other rules (hosts, staleness, retention, spikes)
                 evaluated_at: dict[str, float] = {}  # rule -> when its evaluation began (time.monotonic())
                 done: set[str] = set()
-                for only, actions in ((self._acting, {"destroy"}), (None, {"delete_logs"})):
-                    only = only if only is not None else self._needed(self._rest)
+                acting, rest = self._phases()
+                for only, actions in ((acting, {"destroy"}), (rest, {"delete_logs"})):
                     decided = await asyncio.to_thread(self._evaluate, params, report.rule_errors, only, evaluated_at)
                     decided = [(rule, row) for rule, row in decided if rule.name not in done]  # decided once a cycle
                     done |= only
@@ -277,6 +273,12 @@ class PolicyEngine:
                     errors.pop(rule.name, None)
                     decided.extend((rule, row) for row in rows)
         return decided
+
+    def _phases(self) -> tuple[set[str], set[str]]:
+        """A run's two evaluations: the rules that decide destroys and those they read, then the others
+        and those they read (an earlier rule's table is read on the cursor of the evaluation that needs it)."""
+        acting = self._needed({r.name for r in self.rules if r.output == "decisions" and DESTROYS.search(r.sql)})
+        return acting, self._needed({r.name for r in self.rules if r.output != "classify"} - acting)
 
     def _needed(self, names: set[str]) -> set[str]:
         """The rules named and the earlier ones whose tables they read (their name appears in the SQL),
