@@ -35,6 +35,8 @@ def main() -> int:
         print(f"{label}: {size} instances, {r['lines_written']} lines written, {r['lost']} lost, {r['doubled']} doubled, "
               f"{r['destroyed']}/{r['expected_destroyed']} destroyed, {r['healthy_destroyed']} healthy destroyed, "
               f"latency p50 {r['latency_p50_s']:.2f} s p99 {r['latency_p99_s']:.2f} s max {r['latency_max_s']:.2f} s, "
+              f"without the {r['latencies_with_restart']} of {r['latencies']} holding a server restart p50 "
+              f"{r['latency_p50_no_restart_s']:.2f} s p99 {r['latency_p99_no_restart_s']:.2f} s, "
               f"{r['elapsed_s']:.0f} s in all; problems: {r['problems'] or 'none'}", flush=True)
         print(f"{label}: where the latency went: {json.dumps(r['breakdown'])}", flush=True)
     fleet, ref = results["fleet"], results["reference"]

@@ -6,6 +6,7 @@ import datetime as dt
 
 import orjson
 
+from ingest.db import writes
 from ingest.timestamps import utcnow  # noqa: F401 (the tests' clock is the server's; imported from here)
 
 OOM_DAEMON_LOG = [
@@ -238,6 +239,7 @@ async def bulk_fleet(client, n: int, done: dt.datetime, *, lines: int = 100, sam
                     unnest(?::VARCHAR[]) s(source), range(?) t(seq)""",
             [lines, lines, failed, OOM_DAEMON_LOG[3], ids, list(SCALE_SOURCES), lines],
         )
+        writes.recount_stream_lines(con, ids)  # the writer counts the lines of its own batches only
         con.execute(
             """INSERT INTO metrics
                SELECT r.instance_id, m.name, r.done_at - to_microseconds(t.k * 5000000),

@@ -431,6 +431,7 @@ class Fleet:
         known = {r["instance_id"]: r["known"] for r in self.sql(
             "SELECT instance_id, epoch(known_at) AS known FROM instance_phase WHERE instance_id LIKE 'C.41%'")}
         latencies = []
+        clean = []  # the latencies with no server downtime inside them (the injected restarts' own cost left out)
         parts: dict[str, list[float]] = {}  # where each destroy's latency went
         for d in decisions:
             if d["action"] != "destroy" or d["state"] != "executed":
@@ -444,6 +445,8 @@ class Fleet:
             basis = completes.get((m.instance_id, "setup" if m.fate == "params" else "bench"))
             if basis and m.instance_id in ran and m.fate != "hung":
                 latencies.append(ran[m.instance_id] - basis)
+                if not self.down_within(basis, ran[m.instance_id]):
+                    clean.append(ran[m.instance_id] - basis)
                 ready = max(basis, known.get(m.instance_id) or basis)  # logs complete and the outcome known
                 for name, value in (
                         ("outcome_known_after_logs_s", ready - basis),
@@ -467,7 +470,8 @@ class Fleet:
         if excluded != gate:
             problems.append(f"excluded machines {sorted(excluded)}, expected {sorted(gate)}")
         latencies.sort()
-        p = (lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else float("nan"))
+        clean.sort()
+        p = (lambda q, xs=latencies: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan"))
 
         def p50_p99(values: list[float]) -> str:
             values = sorted(values)
@@ -480,6 +484,8 @@ class Fleet:
             "destroyed": len(destroyed), "expected_destroyed": len(expected),
             "healthy_destroyed": len(destroyed - expected), "latency_p50_s": p(0.5), "latency_p99_s": p(0.99),
             "latency_max_s": latencies[-1] if latencies else float("nan"),
+            "latency_p50_no_restart_s": p(0.5, clean), "latency_p99_no_restart_s": p(0.99, clean),
+            "latencies_with_restart": len(latencies) - len(clean), "latencies": len(latencies),
             "latency_mean_s": statistics.fmean(latencies) if latencies else float("nan"),
             "interval_s": interval_s, "breakdown": breakdown, "problems": problems,
         }

@@ -12,7 +12,7 @@ import orjson
 import psycopg
 import pytest
 
-from ingest.db import store
+from ingest.db import store, writes
 from ingest.app import create_app
 from tests.fleet import get, incident, iso, rows, run_policies, utcnow
 from tests.lake_pg import postgres  # noqa: F401 (a fixture)
@@ -104,6 +104,7 @@ def store_hostile_rows(path: str) -> None:
         event("params_done", T0 + 6, '{"kind": "params_done", "exit_code": 9223372036854775808}')
         con.execute("INSERT INTO logs VALUES (?, 'nvidia\"smi', '0', 0, now(), now(), 'x', false), "
                     "(?, 'nvidia\"smi', '0', 1, now(), now(), 'y', false)", [EVIL, EVIL])
+        writes.recount_stream_lines(con, [EVIL])
     finally:
         con.close()
 

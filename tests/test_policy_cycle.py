@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 
 from ingest.app import create_app
+from ingest.db import writes
 from ingest.web.keys import CORE, WRITER
 from tests.fleet import bench_instance, complete_logs, get, iso, post, push_lines, rows, run_policies, utcnow
 
@@ -43,6 +44,7 @@ async def backlog(client, runs: int, lines: int, done: dt.datetime) -> None:
                FROM range(?) t(i)""",
             [runs, runs, ts0, recv0, runs * lines],
         )
+        writes.recount_stream_lines(con)
 
     await client.app[WRITER].execute(insert, kind="policy")
 
@@ -356,3 +358,63 @@ async def test_a_destroy_whose_logs_complete_while_its_run_is_classed_waits_for_
     assert [s for s, _ in calls()] == ["C.race"] and len(second.executed) == 1
     [(reason, cls)] = rows(client, "SELECT reason, evidence->>'failure_class' FROM decisions WHERE action = 'destroy'")
     assert cls == "oom" and "oom" in reason, reason
+
+
+async def _slow_destroy_rule(engine, monkeypatch, order: list[str], slow_s: float = 0.0) -> None:
+    """Record the order in which the rules run and the actuator is called (``order``); the destroy
+    rule takes ``slow_s`` longer, as on a loaded host."""
+    run_rule, carry_out = engine._run_rule, engine.actuator.carry_out
+
+    def timed(rule, cur, run, errors):
+        order.append(rule.name)
+        if rule.name == "destroy_below_min_rate" and slow_s:
+            time.sleep(slow_s)
+        return run_rule(rule, cur, run, errors)
+
+    async def actuated(decision):
+        order.append(f"actuator {decision['subject']}")
+        return await carry_out(decision)
+
+    monkeypatch.setattr(engine, "_run_rule", timed)
+    monkeypatch.setattr(engine.actuator, "carry_out", actuated)
+
+
+async def test_a_destroy_is_carried_out_before_the_rules_after_the_destroy_rule_run(aiohttp_client, policy_settings,
+                                                                                   tmp_path, monkeypatch):
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(policy_settings, actuator_command=command)))
+    done = utcnow() - dt.timedelta(seconds=30)
+    await bench_instance(client, "C.d1", 931, done=done, exit_code=0, rate=12.5)
+    await complete_logs(client, "C.d1", done, {"benchout": -1})
+    engine, order = client.app[CORE].policy, []
+    await _slow_destroy_rule(engine, monkeypatch, order)
+    report = await run_policies(client, execute=True)
+    assert [s for s, _ in calls()] == ["C.d1"] and len(report.executed) == 1
+    cycle = [name for name in order if name != "failure_class"]
+    later = [r.name for r in engine.rules if r.name > "destroy_below_min_rate" and r.output == "decisions"]
+    assert later and cycle.index("actuator C.d1") < min(cycle.index(name) for name in later), order
+
+
+async def test_a_superseded_destroy_is_carried_out_once_its_rule_selects_it_again(aiohttp_client, policy_settings,
+                                                                                 tmp_path):
+    """A failed fetch's evidence is the instance's streams: a new one (the entrypoint's) seen between the
+    decision and its re-check supersedes the destroy; once that stream is declared complete, the rule
+    selects the instance again, and the destroy of that same episode is carried out (found by the fleet
+    simulation: the episode could never be destroyed again, and the fleet never settled)."""
+    from tests.fleet import params_failure
+
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(policy_settings, actuator_command=command)))
+    at = utcnow() - dt.timedelta(seconds=30)
+    await params_failure(client, "C.p1", 940, at=at, exit_code=3)
+    await push_lines(client, "C.p1", "setup", ["fetching parameters", "error: paramfetch: HTTP 503"], at=at)
+    await complete_logs(client, "C.p1", at, {"setup": 1})
+    assert len((await run_policies(client)).new_decisions) == 1  # proposed
+    await push_lines(client, "C.p1", "entrypoint", ["[entrypoint] parameter fetch failed"], at=at)
+    report = await run_policies(client, execute=True)
+    assert len(report.superseded) == 1 and calls() == []
+    await complete_logs(client, "C.p1", at + dt.timedelta(seconds=2), {"entrypoint": 0})
+    report = await run_policies(client, execute=True)
+    assert [s for s, _ in calls()] == ["C.p1"] and len(report.executed) == 1, report
+    assert rows(client, "SELECT state, last_error FROM decisions WHERE subject = 'C.p1' AND action = 'destroy'") == [
+        ("executed", None)]

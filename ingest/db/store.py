@@ -214,13 +214,15 @@ def write_batch(
     received_us: int,
     actions: list[Callable[[duckdb.DuckDBPyConnection], Any]] = (),
     blocks: Any = None,
+    stream_lines: bool = True,
 ) -> tuple[list[bool], list[Any]]:
     """Write one group commit; returns, per event, whether it was new (not a duplicate), and
     what each action returned (actions run last, inside the same transaction).
 
     ``instances`` maps every instance seen in the batch to its newest timestamp (for last_seen).
     ``blocks`` (an ``ingest.db.searchtokens.BlockWriter``, file mode) writes the token filter of the log rows in
-    the same transaction; the caller tells it whether the commit held.
+    the same transaction; the caller tells it whether the commit held. ``stream_lines`` (file mode):
+    the log rows are added to log_stream_lines (migration 019) in the same transaction too.
     Everything happens in one transaction: on error it is rolled back and StoreError raised.
     """
     fresh: list[bool] = []
@@ -230,7 +232,7 @@ def write_batch(
         con.execute("BEGIN")
         _upsert_instances(con, instances, received_us)
         if len(logs):
-            _insert_logs(con, logs, received_us)
+            _insert_logs(con, logs, received_us, stream_lines)
             if blocks is not None:
                 blocks.add(con, logs.batches)
         if len(metrics):
@@ -268,9 +270,30 @@ def warm_up() -> None:
     import pyarrow.dataset  # noqa: F401
 
 
-def _insert_logs(con: duckdb.DuckDBPyConnection, logs: LogColumns, received_us: int) -> None:
+# What a commit's log rows add to each stream's figures (migration 019): its rows are new (the writer's
+# exactly-once filter dropped the lines already stored or already in the group), so counts add up
+_ADD_STREAM_LINES_SQL = """
+INSERT INTO log_stream_lines
+SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated), min(ts), max(ts),
+       make_timestamp({received_us}::BIGINT)
+FROM _log_batch GROUP BY ALL
+ON CONFLICT (instance_id, source, run_id) DO UPDATE SET
+    lines = lines + excluded.lines, first_seq = least(first_seq, excluded.first_seq),
+    last_seq = greatest(last_seq, excluded.last_seq), truncated = truncated + excluded.truncated,
+    first_ts = least(first_ts, excluded.first_ts), last_ts = greatest(last_ts, excluded.last_ts),
+    last_received_at = greatest(last_received_at, excluded.last_received_at)
+"""
+
+
+def _insert_logs(con: duckdb.DuckDBPyConnection, logs: LogColumns, received_us: int, stream_lines: bool = True) -> None:
     table = pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA)
     con.from_arrow(table).project(LOG_COLUMNS_SQL.format(received_us=int(received_us))).insert_into("logs")
+    if stream_lines:
+        con.register("_log_batch", table)
+        try:
+            con.execute(_ADD_STREAM_LINES_SQL.format(received_us=int(received_us)))
+        finally:
+            con.unregister("_log_batch")
 
 
 def _upsert_instances(con: duckdb.DuckDBPyConnection, instances: dict[str, int], received_us: int) -> None:

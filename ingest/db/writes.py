@@ -5,6 +5,8 @@ function of the write connection and plain values, run on the writer thread in i
 - ``store_settings``: the values the views of migration 005 compare against (start-up);
 - ``store_classes``, ``store_decisions``, ``settle_decision``: the policy engine's record;
 - ``delete_logs``: the retention rule carried out (the one statement, lake mode's too);
+- ``recount_stream_lines``: log_stream_lines (019) counted again from the stored lines, after a bulk
+  load that bypassed the writer's batches (tests' and benches' fleets inserted with one INSERT);
 - ``store_verdict``: an operator's verdict on a host;
 - ``write_instance_token``, ``store_issued``: instance tokens (and the enrollments they record).
 """
@@ -58,14 +60,15 @@ def store_classes(con: duckdb.DuckDBPyConnection, rows: list[tuple], now: dt.dat
 def store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple["Rule", tuple]], now: dt.datetime
                      ) -> tuple[list[int], list[int]]:
     """Insert what is new (decided at ``now``: when the rules had run); a decision still proposed, or a
-    verdict fleetlog acts on itself, decided again with another reason or evidence takes the new ones.
+    verdict fleetlog acts on itself, decided again with another reason or evidence takes the new ones;
+    a superseded one decided again is proposed again (decided at ``now``, counted as new).
     Returns (new ids, updated ids).
 
     What is new is inserted in one statement, whatever its number: in a transaction, each DuckDB
     ``INSERT ... ON CONFLICT`` holds ~150 KiB of transaction-local memory until the commit, so a cycle
     deciding 1,600 things at once (a fleet gone silent: a mark_stale each) ran the commit out of
     DuckDB's 256 MiB (503, and the next cycle again), tests/test_policy_scale.py."""
-    new_ids, updated = [], []
+    new_ids, updated, reopened = [], [], []
     subjects = sorted({str(subject) for _rule, (subject, *_rest) in decided})
     held_rows = con.execute(  # one query for what is held, whatever the number of decisions
         "SELECT rule, subject, episode, id, state, reason, evidence::VARCHAR FROM decisions "
@@ -78,6 +81,15 @@ def store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple["Rule", 
         held = holding.get(key)
         if held:
             decision_id, state, held_reason, held_evidence = held
+            if state == "superseded" and not internal:
+                # its rule selects it again: what made it stale has passed (an instance's new stream, seen
+                # between the decision and its re-check, declared complete since), so it stands again
+                # (superseded had made the episode's destroy impossible for good, tests/fleetsim.py)
+                con.execute("UPDATE decisions SET state = 'proposed', reason = ?, evidence = ?, rule_sha = ?, decided_at = ?, "
+                            "settled_at = NULL, last_error = NULL WHERE id = ?",
+                            [reason, evidence, rule.sha, now, decision_id])
+                reopened.append(decision_id)
+                continue
             changed = held_reason != reason or orjson.loads(held_evidence) != orjson.loads(evidence)
             if changed and (state == "proposed" or (internal and state == "executed")):
                 con.execute("UPDATE decisions SET reason = ?, evidence = ?, rule_sha = ? WHERE id = ?",
@@ -86,7 +98,7 @@ def store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple["Rule", 
             continue
         fresh.setdefault(key, (rule.sha, action, reason, evidence, expires_at, "executed" if internal else "proposed"))
     if not fresh:
-        return new_ids, updated
+        return reopened, updated
     keys = list(fresh)
     columns = list(zip(*(k + v for k, v in fresh.items())))
     names, shas, subject_ids, actions, reasons, evidences, episodes, expires, states = (
@@ -113,7 +125,7 @@ def store_decisions(con: duckdb.DuckDBPyConnection, decided: list[tuple["Rule", 
     ids = {(r, subj, ep): i for r, subj, ep, i in con.execute(
         "SELECT rule, subject, episode, id FROM decisions WHERE decided_at = ?::TIMESTAMP "
         "AND subject IN (SELECT unnest(?::VARCHAR[]))", [now, sorted(set(subject_ids))]).fetchall()}
-    new_ids = [ids[key] for key in keys if key in ids]
+    new_ids = reopened + [ids[key] for key in keys if key in ids]
     return new_ids, updated
 
 
@@ -142,10 +154,23 @@ def store_verdict(con: duckdb.DuckDBPyConnection, *, machine_id: int, verdict: s
     )
 
 
-def delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str) -> int:
+def delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str, stream_lines: bool = True) -> int:
+    """``stream_lines`` (file mode): the instance's rows of log_stream_lines go with its lines (019)."""
     deleted = con.execute("DELETE FROM logs WHERE instance_id = ?", [instance_id]).fetchone()[0]
     con.execute("DELETE FROM metrics WHERE instance_id = ?", [instance_id])
+    if stream_lines:
+        con.execute("DELETE FROM log_stream_lines WHERE instance_id = ?", [instance_id])
     return deleted
+
+
+def recount_stream_lines(con: duckdb.DuckDBPyConnection, instance_ids: list[str] | None = None) -> None:
+    """log_stream_lines of ``instance_ids`` (every instance when None) counted again from ``logs``."""
+    where, params = ("WHERE instance_id IN (SELECT unnest(?::VARCHAR[]))", [instance_ids]) if instance_ids is not None else ("", [])
+    con.execute(f"DELETE FROM log_stream_lines {where}", params)
+    con.execute(f"""INSERT INTO log_stream_lines
+                    SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated),
+                           min(ts), max(ts), max(received_at)
+                    FROM logs {where} GROUP BY ALL""", params)
 
 
 def write_instance_token(con, instance_id: str, token_sha: str, issued_us: int, *, revoke_old: bool) -> None:

@@ -35,7 +35,8 @@ decision, or since their last failed attempt: a failing one goes to the back of 
 never holds the others up); a failed one is retried on later runs until ``actuator_retries`` attempts,
 then marked ``failed``. Right before a destroy or a delete_logs is carried
 out its rule is evaluated again on current data: if it no longer selects the subject, the decision becomes
-``superseded`` and is never executed. A decision proposed, superseded, executed or failed is sent to
+``superseded`` and is not executed on that evidence (proposed again if a later run's rule selects its
+subject again for the same episode: writes.store_decisions). A decision proposed, superseded, executed or failed is sent to
 the notifier (``notify_webhook_url``). Everything is written through the writer.
 
 The record's times are the real clock's, whatever ``now`` the rules are given: ``decided_at`` once
@@ -78,6 +79,7 @@ INTERNAL_ACTIONS = writes.INTERNAL_ACTIONS  # recorded as executed: nothing leav
 # (not bench_done: a cycle woken between a run's end and its last lines would class it on half its evidence)
 WAKE_KINDS = frozenset({"logs_complete", "params_done"})
 _ASK = object()  # _still_selected: no re-check made yet
+DESTROYS = re.compile(r"'destroy'\s+AS\s+action\b", re.IGNORECASE)  # a rule that decides destroys (its SELECT says so)
 
 
 @dataclass(frozen=True)
@@ -191,18 +193,26 @@ class PolicyEngine:
                         scanned = sum(row[7] or 0 for row in rows if len(row) > 7)
                         report.class_lines_scanned += scanned
                         self.metrics.policy_class_lines.inc(scanned)
+                # the rules that decide destroys (and those they read) first, and their destroys carried out at
+                # once: a destroy does not wait for the other rules (hosts, staleness, retention, spikes)
                 evaluated_at: dict[str, float] = {}  # rule -> when its evaluation began (time.monotonic())
-                decided = await asyncio.to_thread(self._evaluate, params, report.rule_errors, None, evaluated_at)
+                done: set[str] = set()
+                acting, rest = self._phases()
+                for only, actions in ((acting, {"destroy"}), (rest, {"delete_logs"})):
+                    decided = await asyncio.to_thread(self._evaluate, params, report.rule_errors, only, evaluated_at)
+                    decided = [(rule, row) for rule, row in decided if rule.name not in done]  # decided once a cycle
+                    done |= only
+                    decided_at = utcnow()  # the rules have run: whatever they read was stored before this
+                    new, updated = await self.writer.execute(
+                        functools.partial(writes.store_decisions, decided=decided, now=decided_at), kind="policy")
+                    report.new_decisions += new
+                    report.updated += updated
+                    if new and self.notifier.enabled:
+                        for decision in await asyncio.to_thread(self._decisions, new):
+                            self.notifier.send("alert" if decision["action"] == "alert" else decision["state"], decision)
+                    if execute:
+                        await self._carry_out(report, now, (evaluated_at, decided), actions)
                 self._note_health(report.rule_errors)
-                decided_at = utcnow()  # the rules have run: whatever they read was stored before this
-                report.new_decisions, report.updated = await self.writer.execute(
-                    functools.partial(writes.store_decisions, decided=decided, now=decided_at), kind="policy"
-                )
-                if report.new_decisions and self.notifier.enabled:
-                    for decision in await asyncio.to_thread(self._decisions, report.new_decisions):
-                        self.notifier.send("alert" if decision["action"] == "alert" else decision["state"], decision)
-                if execute:
-                    await self._carry_out(report, now, (evaluated_at, decided))
             except Exception:
                 self.metrics.policy_runs.labels(result="error").inc()
                 raise
@@ -264,6 +274,12 @@ class PolicyEngine:
                     decided.extend((rule, row) for row in rows)
         return decided
 
+    def _phases(self) -> tuple[set[str], set[str]]:
+        """A run's two evaluations: the rules that decide destroys and those they read, then the others
+        and those they read (an earlier rule's table is read on the cursor of the evaluation that needs it)."""
+        acting = self._needed({r.name for r in self.rules if r.output == "decisions" and DESTROYS.search(r.sql)})
+        return acting, self._needed({r.name for r in self.rules if r.output != "classify"} - acting)
+
     def _needed(self, names: set[str]) -> set[str]:
         """The rules named and the earlier ones whose tables they read (their name appears in the SQL),
         transitively: what a re-check has to run (a later rule cannot change an earlier one)."""
@@ -284,10 +300,13 @@ class PolicyEngine:
         return dict(self.failing)
 
     async def _carry_out(self, report: CycleReport, now: dt.datetime,
-                         evaluated: tuple[dict[str, float], list[tuple[Rule, tuple]]] | None = None) -> None:
-        """``evaluated``: (when each rule began, what they decided) of this run's evaluation of every
-        rule, the first re-check."""
-        proposed = await asyncio.to_thread(self._proposed)
+                         evaluated: tuple[dict[str, float], list[tuple[Rule, tuple]]] | None = None,
+                         actions: set[str] = frozenset({"destroy", "delete_logs"})) -> None:
+        """The proposed decisions of ``actions`` carried out. ``evaluated``: (when each rule began,
+        what they decided) of this run's evaluation of those rules, the first re-check."""
+        proposed = [d for d in await asyncio.to_thread(self._proposed) if d["action"] in actions]
+        if not proposed:
+            return
         self._check = _Recheck(self, {d["rule"] for d in proposed}, now)
         if evaluated is not None:
             self._check.seed(*evaluated, dict(report.rule_errors))
@@ -514,7 +533,9 @@ class _Recheck:
     evaluation (of the rules the run's proposed decisions need) serves the decisions carried out
     after it until it is RECHECK_MAX_AGE_S old (its age: since the first of those rules began), and
     serves every decision asked about before it began (a wave of destroys, _wave): a run of destroys
-    does not evaluate the rules once per destroy, and none is carried out on evidence older than that."""
+    does not evaluate the rules once per destroy, and none is carried out on evidence older than that.
+    (Not "older than the evaluation took": under load the seconds between a cycle's evaluation and the
+    actuator call held a healthy instance's bench_done, and it was destroyed as hung: the fleet sim.)"""
 
     def __init__(self, engine: PolicyEngine, names: set[str], now: dt.datetime) -> None:
         self.engine, self.names, self.now = engine, names, now
@@ -528,6 +549,7 @@ class _Recheck:
         first re-check; its age is that of the oldest of the rules the re-check needs."""
         needed = self.engine._needed(self.names)
         self.at = min((t for name, t in at.items() if name in needed), default=min(at.values(), default=None))
+
         self.failed, self.selected = failed, {}
         for rule, (subject, action, reason, evidence, _episode, _expires_at) in decided:
             self.selected.setdefault((rule.name, str(subject), action), (reason, orjson.loads(evidence)))

@@ -15,10 +15,11 @@ WITH doomed AS MATERIALIZED (
       AND (evidence_complete OR known_at + to_seconds($destroy_grace_s::DOUBLE) <= $now::TIMESTAMP)
       AND NOT (outcome = 'failed' AND EXISTS (
           -- stored commits are stamped in commit order: a line the class rule did not read is newer
-          SELECT 1 FROM bench_runs r JOIN logs l ON l.instance_id = r.instance_id
+          -- (a stream's newest: log_stream_lines, migration 019, not a read of every stored line)
+          SELECT 1 FROM bench_runs r JOIN log_stream_lines l ON l.instance_id = r.instance_id
                AND (r.run_id IS NULL OR l.run_id = r.run_id)
           WHERE r.instance_id = instance_phase.instance_id AND r.done_at = instance_phase.bench_done_at
-            AND NOT coalesce(r.class_final, false) AND l.received_at > coalesce(r.class_scanned_to, r.done_at)))
+            AND NOT coalesce(r.class_final, false) AND l.last_received_at > coalesce(r.class_scanned_to, r.done_at)))
 ),
 streams AS (
     SELECT s.instance_id,

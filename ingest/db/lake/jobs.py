@@ -135,7 +135,7 @@ class RetentionWindow:
     async def delete_logs(self, writer, instance_id: str, after_commit: Callable[[], None]) -> None:
         await asyncio.to_thread(self._take)
         try:
-            action = lake.LakeAction(functools.partial(writes.delete_logs, instance_id=instance_id))
+            action = lake.LakeAction(functools.partial(writes.delete_logs, instance_id=instance_id, stream_lines=False))
             await writer.execute(action, kind="policy", after_commit=after_commit)
         finally:
             await asyncio.to_thread(self._give)

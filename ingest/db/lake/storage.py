@@ -69,8 +69,14 @@ SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id
 # metrics) and the views are created from the files themselves (``_lake_tables``, ``_migration_views``). A new migration must be folded in here too (open_lake refuses to start
 # otherwise, so the two modes cannot drift apart silently).
 # 10, 15, 16, 17 and 18 only (re)define views (17 a macro too); 14 (log_blocks, the search's token filter) has no lake table: the
-# lake keeps no blocks and its searches scan the window (docs/scale-out.md).
-LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18})
+# lake keeps no blocks and its searches scan the window (docs/scale-out.md). 19's table (log_stream_lines, what is stored of
+# each log stream, kept by the file's writer) is a view here that counts the lake's lines (LAKE_STREAM_LINES), as 010 did.
+LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19})
+LAKE_STREAM_LINES = f"""CREATE OR REPLACE VIEW memory.main.log_stream_lines AS
+SELECT instance_id, source, run_id, count(*) AS lines, min(seq) AS first_seq, max(seq) AS last_seq,
+       count(*) FILTER (WHERE truncated) AS truncated, min(ts) AS first_ts, max(ts) AS last_ts,
+       max(received_at) AS last_received_at
+FROM {LAKE}.main.logs GROUP BY ALL"""
 
 # Native PostgreSQL DDL of the keyed tables (migrations 001-005 folded, JSON kept as text: DuckDB sees both as VARCHAR and casts one way only; bench_runs carries its own
 # ``rowid`` column, which DuckDB's postgres scanner does not provide, so the writer's run matching
@@ -120,7 +126,7 @@ ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS run_id text;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS started_received_at timestamp;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS done_received_at timestamp;
 INSERT INTO schema_migrations (version, name)
-    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes')
+    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes'), (19, 'log_stream_lines')
     ON CONFLICT DO NOTHING;
 """
 
@@ -285,6 +291,7 @@ def _create_schema(con: duckdb.DuckDBPyConnection, migrations: list[tuple[int, s
         con.execute(f"CREATE OR REPLACE VIEW memory.main.{name} AS SELECT * FROM {LAKE}.main.{name}")
     for name in PG_TABLES:
         con.execute(f"CREATE OR REPLACE VIEW memory.main.{name} AS SELECT * FROM {PG}.public.{name}")
+    con.execute(LAKE_STREAM_LINES)
     for view in views:
         con.execute(view)
 
@@ -362,7 +369,7 @@ def write_batch(
                     raise
         if len(logs) or len(metrics):
             with window.commit() if window is not None else nullcontext():
-                store.write_batch(con, logs, [], metrics, {}, received_us, checks)
+                store.write_batch(con, logs, [], metrics, {}, received_us, checks, stream_lines=False)
     except StoreError:
         raise
     except Exception as e:

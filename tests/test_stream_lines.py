@@ -1,0 +1,115 @@
+"""What is stored of each log stream (log_stream_lines, migration 019): kept by the writer in the
+commit that stores the lines, so that the views the policies read every cycle (log_streams and those
+built on it) cost what the streams are, not every line ever stored (issue 21: decisions late)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from pathlib import Path
+
+import duckdb
+import orjson
+
+from ingest.db import store, writes
+from ingest.db.sqlfiles import load_rules
+from tests.fleet import rows
+
+REPO = Path(__file__).resolve().parent.parent
+AGGREGATE = """
+SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated), min(ts), max(ts),
+       max(received_at)
+FROM logs GROUP BY ALL ORDER BY ALL
+"""
+KEPT = """
+SELECT instance_id, source, run_id, lines, first_seq, last_seq, truncated, first_ts, last_ts, last_received_at
+FROM log_stream_lines ORDER BY ALL
+"""
+
+
+def _tables_scanned(plan: dict) -> set[str]:
+    out = set()
+    table = (plan.get("extra_info") or {}).get("Table") if isinstance(plan.get("extra_info"), dict) else None
+    if table:
+        out.add(table.rsplit(".", 1)[-1])
+    for child in plan.get("children", []):
+        out |= _tables_scanned(child)
+    return out
+
+
+def test_the_views_the_rules_read_scan_no_stored_line(tmp_path):
+    con = store.open_database(tmp_path / "f.duckdb")
+    try:
+        store.migrate(con)
+        for view in ("log_streams", "instance_logs", "run_logs", "instance_phase"):
+            plan = orjson.loads(con.execute(f"EXPLAIN (FORMAT json) SELECT * FROM {view}").fetchall()[0][1])
+            scanned = set().union(*(_tables_scanned(p) for p in plan))
+            assert "logs" not in scanned, f"{view} reads every stored line: {sorted(scanned)}"
+    finally:
+        con.close()
+
+
+def test_the_destroy_rule_scans_no_stored_line(tmp_path):
+    """Its class guard (a line of the run stored after its class was made) reads each stream's
+    newest, not the logs table."""
+    con = store.open_database(tmp_path / "f.duckdb")
+    try:
+        [rule] = [r for r in load_rules(REPO / "queries") if r.name == "destroy_below_min_rate"]
+        params = {"destroy_grace_s": 45.0, "now": dt.datetime(2026, 12, 2)}
+        plan = orjson.loads(con.execute("EXPLAIN (FORMAT json) " + rule.sql, {p: params[p] for p in rule.params}
+                                        ).fetchall()[0][1])
+        scanned = set().union(*(_tables_scanned(p) for p in plan))
+        assert "logs" not in scanned and "log_stream_lines" in scanned, sorted(scanned)
+    finally:
+        con.close()
+
+
+async def _push(client, instance_id, source, seqs, run_id=None, text="line"):
+    doc = {"instance_id": instance_id, "source": source,
+           "lines": [{"seq": s, "ts": 1764415248.0 + s, "line": f"{text} {s}"} for s in seqs]}
+    if run_id:
+        doc["run_id"] = run_id
+    r = await client.post("/api/v1/logs", data=orjson.dumps(doc))
+    assert r.status == 200, await r.text()
+    return await r.json()
+
+
+async def test_stream_lines_count_each_stored_line_once_whatever_is_resent(make_client):
+    client = await make_client(max_line_bytes=64)
+    await _push(client, "C.1", "benchout", range(0, 10))
+    await _push(client, "C.1", "benchout", range(5, 15))  # 5 of them stored already
+    await _push(client, "C.1", "benchout", [30, 20, 25])  # out of order, with gaps
+    await asyncio.gather(*(_push(client, "C.1", "benchdaemon", range(0, 50)) for _ in range(5)))  # in one group
+    await _push(client, "C.2", "benchout", range(0, 3), run_id="r1", text="x" * 100)  # truncated
+    await _push(client, "C.2", "benchout", range(0, 2), run_id="r2")
+    await _push(client, "C.2", "benchout", range(0, 3), run_id="r1", text="x" * 100)  # all duplicates
+    await client.writer.flush()
+    kept = rows(client, KEPT)
+    assert kept == rows(client, AGGREGATE)
+    assert [(r[0], r[1], r[2], r[3], r[6]) for r in kept] == [
+        ("C.1", "benchdaemon", "0", 50, 0), ("C.1", "benchout", "0", 18, 0),
+        ("C.2", "benchout", "r1", 3, 3), ("C.2", "benchout", "r2", 2, 0)]
+
+
+async def test_stream_lines_go_with_the_retention_delete(make_client):
+    client = await make_client()
+    await _push(client, "C.1", "benchout", range(0, 4))
+    await _push(client, "C.2", "benchout", range(0, 2))
+    await client.writer.execute(lambda con: writes.delete_logs(con, "C.1"), kind="policy")
+    assert rows(client, KEPT) == rows(client, AGGREGATE)
+    assert [r[0] for r in rows(client, KEPT)] == ["C.2"]
+    await _push(client, "C.1", "benchout", range(0, 1))  # a stream that comes back counts afresh
+    assert rows(client, KEPT) == rows(client, AGGREGATE)
+
+
+def test_migration_counts_the_lines_stored_before_it(tmp_path):
+    con = duckdb.connect(str(tmp_path / "f.duckdb"))  # not open_database: it applies every migration
+    try:
+        store.migrate(con, [m for m in store.migrations() if m[0] < 19])
+        con.execute("""INSERT INTO logs SELECT 'C.' || (i % 3)::VARCHAR, 'benchout', '0', i, TIMESTAMP '2026-12-01' + to_seconds(i),
+                       TIMESTAMP '2026-12-01', 'l', i % 7 = 0 FROM range(100) t(i)""")
+        store.migrate(con)
+        assert con.execute(KEPT).fetchall() == con.execute(AGGREGATE).fetchall()
+        assert len(con.execute(KEPT).fetchall()) == 3
+    finally:
+        con.close()
