@@ -215,3 +215,10 @@ async def test_follow_with_q_reads_only_new_lines_on_each_poll(fleet, monkeypatc
     finally:
         r.close()
 
+
+@pytest.mark.parametrize("since", ["99999999w", "9" * 400 + "w"])
+async def test_a_duration_back_past_year_one_searches_everything_instead_of_a_500(fleet, since):
+    """``since=99999999w`` (read token) reached below BIGINT and DuckDB's make_timestamp(HUGEINT) had
+    no overload: 500; 400 nines overflowed the float. Further back than 0001-01-01 is all of it."""
+    doc = await search(fleet, q="out of memory", since=since)
+    assert {h["instance_id"] for h in doc["hits"]} >= {"C.2", "C.old"}
