@@ -9,6 +9,7 @@ Memory Error, untranslated), peak RSS 518 -> 1,292 MiB (the memory budget is 512
 
 from __future__ import annotations
 
+import asyncio
 import io
 import random
 import string
@@ -72,3 +73,24 @@ def test_a_read_past_duckdb_memory_limit_is_503_with_retry_after_not_500(tmp_pat
         assert "duckdb_memory_limit_mb" in refused.value.message
     finally:
         con.close()
+
+
+async def test_fat_pushes_past_duckdb_memory_limit_are_503_never_500(make_client):
+    """An instance's own token pushing 100 KB lines at a small duckdb_memory_limit_mb: DuckDB's commit
+    failed with 'failed to pin block' (a TransactionException, not an OutOfMemoryException), answered
+    500. Out of DuckDB's memory is 503 with Retry-After, and the server takes pushes again after."""
+    client = await make_client(duckdb_memory_limit_mb=16)
+    statuses = []
+    for start in range(0, 400, 20):
+        body = {"instance_id": "C.fat", "source": "fat",
+                "lines": [{"seq": i, "ts": 1795951000 + i, "line": fat(i)} for i in range(start, start + 20)]}
+        r = await client.post("/api/v1/logs", data=io.BytesIO(orjson.dumps(body)))
+        statuses.append(r.status)
+        assert r.status in (200, 503), (r.status, await r.text())
+        if r.status == 503:
+            assert r.headers["Retry-After"]
+    small = {"instance_id": "C.thin", "source": "s", "lines": [{"seq": 0, "line": "x"}]}
+    deadline = asyncio.get_running_loop().time() + 60
+    while (r := await client.post("/api/v1/logs", data=orjson.dumps(small))).status != 200:
+        assert r.status == 503 and asyncio.get_running_loop().time() < deadline, (r.status, await r.text())
+        await asyncio.sleep(0.5)
