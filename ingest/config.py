@@ -104,7 +104,10 @@ class Settings:
         32 * 2**20, "bytes a SQL API answer may take as rendered (JSON, CSV or Arrow); 413 beyond; held against memory_budget_mb "
         "while it is built and sent", minimum=1024,
     )
-    search_max_concurrent: int = _setting(2, "log searches run at once (their own threads); beyond it 429 with Retry-After", minimum=1)
+    search_max_concurrent: int = _setting(
+        2, "log searches (fleet-wide, and an instance's lines with q=) run at once (their own threads); beyond it 429 "
+        "with Retry-After", minimum=1,
+    )
     duckdb_memory_limit_mb: int = _setting(
         256, "DuckDB's memory_limit; bigger queries spill to a temp directory next to the database, or fail with 400", minimum=16
     )

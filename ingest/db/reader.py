@@ -3,9 +3,9 @@
 It owns the read cursors (each query takes its own from one idle connection and gives it back),
 their deadlines (``cursor.interrupt`` after ``query_timeout_s``), the tail-cache protocol, and
 admission: each kind of read has its own threads. The page's and agents' reads run on theirs; user
-SQL (the SQL API) on a small pool of its own (``query_max_concurrent``) and fleet-wide searches on
-another (``search_max_concurrent``); beyond either, 429 with Retry-After, so slow SQL queries or
-searches never starve the instance list. User SQL is checked and runs read-only, always rolled back
+SQL (the SQL API) on a small pool of its own (``query_max_concurrent``) and searches (fleet-wide, and
+an instance's lines filtered by ``q``) on another (``search_max_concurrent``); beyond either, 429 with
+Retry-After, so slow SQL queries or searches never starve the instance list. User SQL is checked and runs read-only, always rolled back
 (``ingest/db/reads.py``); its answer is rendered on its thread, bounded in bytes (``ingest/db/answers.py``).
 ``close`` interrupts what still runs, waits for it, then closes; ``suspend`` and ``resume`` do the
 same around a reopen of the database (see ``Database.reopen``).
@@ -266,10 +266,19 @@ class Reader:
                 cached = cache.tail(key, tail, count=False)
             if cached is not None:
                 return [(source, r, seq, ts, line) for r, seq, ts, line in cached]
-        return await self._run(
-            "logs", reads.read_logs, instance_id,
-            source=source, run_id=run_id, tail=tail, after_seq=after_seq, before_seq=before_seq, q=q,
-        )
+        if q is None:
+            return await self._run(
+                "logs", reads.read_logs, instance_id,
+                source=source, run_id=run_id, tail=tail, after_seq=after_seq, before_seq=before_seq, q=None,
+            )
+        self._search.admit()  # a substring over the instance's lines is a search: on the search threads
+        try:
+            return await self._run(
+                "logs", reads.read_logs, instance_id, pool=self._search.pool,
+                source=source, run_id=run_id, tail=tail, after_seq=after_seq, before_seq=before_seq, q=q,
+            )
+        finally:
+            self._search.leave()
 
     async def events(self, instance_id: str, kind: str | None, limit: int) -> list[dict[str, Any]]:
         """An instance's stored events for the admin (``reads.list_events``)."""

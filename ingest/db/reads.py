@@ -37,6 +37,9 @@ def deadline_cursor(con: duckdb.DuckDBPyConnection, timeout_s: float) -> Iterato
         raise QueryTimeout(f"query interrupted after {timeout_s} s") from e
     except (duckdb.FatalException, duckdb.IOException) as e:
         raise StorageUnavailable(f"the database cannot be read right now ({type(e).__name__}); retry later") from e
+    except duckdb.OutOfMemoryException as e:  # other reads hold DuckDB's memory now, or this one is too big
+        raise StorageUnavailable("the database's memory (duckdb_memory_limit_mb) is spent by reads; retry later, or ask "
+                                 "for less (fewer lines)") from e
     finally:
         timer.cancel()
 
@@ -148,6 +151,10 @@ ORDER BY {order} LIMIT ?
 """
 
 
+MAX_LINES_ANSWER_BYTES = 16 * 2**20  # of line text in one answer of read_logs: 10,000 lines of 256 KiB were 2.5 GB
+FETCH_LINES = 256
+
+
 def read_logs(
     con,
     timeout_s: float,
@@ -159,12 +166,14 @@ def read_logs(
     after_seq: int | None,
     before_seq: int | None,
     q: str | None,
+    byte_cap: bool = True,
 ) -> list[tuple[str, str, int, int, str]]:
     """Lines as (source, run_id, seq, ts_us, line), oldest first.
 
     With ``after_seq`` the first ``tail`` lines after it (following); otherwise the last ``tail``
     lines (before ``before_seq`` when given, for paging back). Order: (run_id, seq) within a source;
-    across sources, by ts.
+    across sources, by ts. At most MAX_LINES_ANSWER_BYTES of line text (one line always): fewer lines
+    when they are long, those nearest where the read starts (a follower or a pager goes on from there).
     """
     filters, params = [], [instance_id]
     for column, value, op in (("source", source, "="), ("run_id", run_id, "="), ("seq", after_seq, ">"), ("seq", before_seq, "<")):
@@ -178,9 +187,15 @@ def read_logs(
     forward = after_seq is not None
     order = key if forward else ", ".join(f"{c} DESC" for c in key.split(", "))
     params.append(tail)
+    rows, size, cap = [], 0, MAX_LINES_ANSWER_BYTES if byte_cap else float("inf")
     with deadline_cursor(con, timeout_s) as cur:
         cur.execute(TAIL_SQL.format(filters=" ".join(filters), order=order), params)
-        rows = [(s, r, seq, datetime_to_us(ts), line) for s, r, seq, ts, line in cur.fetchall()]
+        while size <= cap and (chunk := cur.fetchmany(FETCH_LINES)):
+            for s, r, seq, ts, line in chunk:
+                size += len(line)
+                if size > cap and rows:
+                    break  # the lines nearest the point asked from that fit; one line always goes
+                rows.append((s, r, seq, datetime_to_us(ts), line))
     return rows if forward else rows[::-1]
 
 
@@ -206,7 +221,8 @@ def load_tail(con, timeout_s: float, instance_id: str, source: str, n: int,
     load reads by the floor alone and says so in the log. No bounds: the plain newest-lines read."""
     if bounds is None:
         rows = read_logs(
-            con, timeout_s, instance_id, source=source, run_id=None, tail=n + 1, after_seq=None, before_seq=None, q=None
+            con, timeout_s, instance_id, source=source, run_id=None, tail=n + 1, after_seq=None, before_seq=None, q=None,
+            byte_cap=False,  # its count says whether the cache holds all of the stream
         )
         tail = [(r, seq, ts, line) for _s, r, seq, ts, line in rows]
         return (tail[-n:] if n else []), len(tail) <= n

@@ -313,7 +313,7 @@ class Writer:
                     _resolve(request, error=StorageUnavailable(
                         f"the database cannot write ({self.storage_error}); retry later", retry_after_s=self.retry_after_s))
                 return
-            if isinstance(e.__cause__, duckdb.OutOfMemoryException):
+            if _out_of_memory(e):
                 for request in batch:
                     _resolve(request, error=Overloaded(f"the database is out of memory ({e}); retry later",
                                                        retry_after_s=self.retry_after_s))
@@ -513,6 +513,14 @@ def is_storage_failure(e: BaseException) -> bool:
     return isinstance(cause, (duckdb.FatalException, duckdb.IOException)) or any(
         marker in text for marker in ("No space left", "invalidated", "Could not write file")
     )
+
+
+def _out_of_memory(e: StoreError) -> bool:
+    """DuckDB out of its memory_limit: an OutOfMemoryException, or a COMMIT that could not pin a block
+    (a TransactionException: 'Failed to commit: failed to pin block of size ...'), seen with long lines."""
+    cause = e.__cause__
+    return isinstance(cause, duckdb.OutOfMemoryException) or (
+        isinstance(cause, duckdb.TransactionException) and "failed to pin block" in str(cause))
 
 
 def _first_line(text: str) -> str:

@@ -156,5 +156,6 @@ def int_param(request: web.Request, name: str, default: int | None, *, minimum: 
     except ValueError:
         raise BadRequest(f"{name}: expected an integer, got {raw[:40]!r}") from None
     if value < minimum or (maximum is not None and value > maximum):
-        raise BadRequest(f"{name}: expected an integer from {minimum} to {maximum}, got {value}")
+        bounds = f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
+        raise BadRequest(f"{name}: expected an integer {bounds}, got {str(value)[:40]}")
     return value

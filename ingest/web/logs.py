@@ -50,11 +50,15 @@ async def get_logs(request: web.Request) -> web.Response:
     follow = request.query.get("follow") == "1"
     if follow and source is None:
         raise BadRequest("follow: needs source=")
+    end: list[tuple] = []
+    if follow and q is not None and after_seq is None:  # where the stream ends now: polls start there
+        end = await request.app[DB].logs(instance_id, source=source, run_id=run_id, q=None, tail=1, after_seq=None,
+                                         before_seq=None)
     rows = await request.app[DB].logs(
         instance_id, source=source, run_id=run_id, q=q, tail=tail, after_seq=after_seq, before_seq=before_seq
     )
     if follow:
-        return await _follow(request, instance_id, source, run_id, q, rows, after_seq)
+        return await _follow(request, instance_id, source, run_id, q, rows, after_seq, end)
     return json_response({"lines": render_lines(rows)})
 
 
@@ -79,15 +83,22 @@ _FRACTION = len(".000000Z")
 
 
 async def _follow(request: web.Request, instance_id: str, source: str, run_id: str | None, q: str | None,
-                  rows: list[tuple], after_seq: int | None = None) -> web.StreamResponse:
+                  rows: list[tuple], after_seq: int | None = None, end: list[tuple] = ()) -> web.StreamResponse:
     """``follow=1``: the lines asked for, then every new one as it is stored, one JSON object a line
     (NDJSON), for at most FOLLOW_MAX_S, until the client goes away or the server shuts down; new
-    lines are those after the last (run_id, seq) sent."""
+    lines are those after the last (run_id, seq) read.
+
+    With ``q``, a poll reads the lines stored since the last one read, whether they matched or not,
+    and sends those that match (``q`` lowered, as the SQL's ``contains(lower(line), lower(q))``): a
+    poll costs the new lines, not a scan of the whole stream twice a second. ``end`` (the stream's
+    newest line when the first answer was read) is where polls start when nothing matched yet."""
     reader = request.app[DB]
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
     await response.prepare(request)
-    # where the client is: the last line sent, else the after_seq it asked from (never back to seq 0)
-    last = rows[-1][1:3] if rows else (run_id, after_seq) if after_seq is not None else None
+    # where the client is: the last line read, else the after_seq it asked from (never back to seq 0)
+    marks = [r[-1][1:3] for r in (rows, end) if r]
+    last = max(marks) if marks else (run_id, after_seq) if after_seq is not None else None
+    needle = q.lower() if q is not None else None
     await response.write(b"".join(dumps(line) + b"\n" for line in render_lines(rows)))
     deadline = time.monotonic() + FOLLOW_MAX_S
     while time.monotonic() < deadline and not reader.stopping.is_set():
@@ -96,11 +107,14 @@ async def _follow(request: web.Request, instance_id: str, source: str, run_id: s
         if reader.stopping.is_set() or request.transport is None or request.transport.is_closing():
             break  # shutting down, or the client went away
         new = await reader.logs(
-            instance_id, source=source, run_id=run_id or (last[0] if last else None), q=q,
+            instance_id, source=source, run_id=run_id or (last[0] if last else None), q=None,
             tail=MAX_TAIL, after_seq=last[1] if last else -1, before_seq=None,
         )
         if new:
             last = new[-1][1:3]
+            if needle is not None:
+                new = [row for row in new if needle in row[4].lower()]
+        if new:
             await response.write(b"".join(dumps(line) + b"\n" for line in render_lines(new)))
     if request.transport is not None and not request.transport.is_closing():
         await response.write_eof()

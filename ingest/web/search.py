@@ -14,7 +14,7 @@ import re
 from aiohttp import web
 
 from ingest.db import search
-from ingest.contract.codec import parse_ts
+from ingest.contract.codec import MIN_TS_US, parse_ts
 from ingest.errors import BadRequest
 from ingest.web.http import int_param, json_response
 from ingest.web.keys import DB
@@ -29,8 +29,9 @@ def parse_when(raw: str | None, name: str, now: int, default_us: int) -> int:
     if raw is None or raw == "":
         return default_us
     match = _DURATION.fullmatch(raw.strip())
-    if match:
-        return now - int(float(match.group(1)) * _UNIT_S[match.group(2)] * 1_000_000)
+    if match:  # further back than 0001-01-01 (or past a float) is all of it, not an overflow in SQL
+        back_us = float(match.group(1)) * _UNIT_S[match.group(2)] * 1_000_000
+        return now - int(min(back_us, now - MIN_TS_US))
     try:
         value: float | str = float(raw)
     except ValueError:
