@@ -237,3 +237,24 @@ async def test_lake_views_read_hostile_rows_and_admin_deletes_one(make_client, p
     r = await client.delete(f"/api/v1/admin/events?instance_id={EVIL}&kind=logs_complete&ts_us={events[0]['ts_us']}")
     assert r.status == 200 and (await r.json())["deleted"] == 1, await r.text()
     assert rows(client, "SELECT count(*) FROM log_streams WHERE instance_id = ?", [EVIL]) == [(0,)]
+
+
+NEGATIVE_NUMBERS = {
+    "registered gpu_count": ("registered", "gpu_count", -1),
+    "registered dph": ("registered", "dph", -5.0),
+    "bench_done rate_per_hour": ("bench_done", "rate_per_hour", -45.7),
+    "bench_done duration_s": ("bench_done", "duration_s", -1.0),
+    "bench_done proofs_ok": ("bench_done", "proofs_ok", -3),
+    "bench_started proofs": ("bench_started", "proofs", -12),
+}
+
+
+@pytest.mark.parametrize("kind, field, value", NEGATIVE_NUMBERS.values(), ids=NEGATIVE_NUMBERS.keys())
+async def test_a_count_price_or_rate_below_zero_is_400_naming_it(client, kind, field, value):
+    """A negative $/hour or GPU count made money figures negative (a machine that pays to be rented),
+    a negative rate or proof count turns the rules' comparisons upside down: refused, nothing stored."""
+    r = await client.post("/api/v1/events", data=orjson.dumps(
+        {"instance_id": EVIL, "kind": kind, "ts": T0, field: value}))
+    assert r.status == 400, await r.text()
+    assert (await r.json())["error"].startswith(field), await r.text()
+    assert rows(client, "SELECT count(*) FROM events") == [(0,)]

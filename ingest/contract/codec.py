@@ -385,6 +385,9 @@ _NUMBER_FIELDS = {
     "bench_done": {"exit_code": int, "rate_per_hour": float, "duration_s": float, "proofs_ok": int, "host_oom_kills": int},
 }
 _COLUMN_LIMITS = {"machine_id": 2**63, "host_id": 2**63}  # BIGINT; the other integers are INTEGER
+# counts, prices, rates and durations: below zero they turn money negative and the rules' comparisons over
+_NOT_NEGATIVE = {"gpu_count", "dph", "proofs", "concurrency", "partition_workers", "rate_per_hour", "duration_s",
+                 "proofs_ok", "host_oom_kills"}
 _STRING_FIELDS = {"registered": ("gpu_model", "location"), "bench_done": ("failure_excerpt",)}
 
 
@@ -396,7 +399,7 @@ def _check_event_fields(item: dict, kind: str, prefix: str) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind_of is int and type(value) is not int):
             raise BadRequest(f"{prefix}{name}: expected {'an integer' if kind_of is int else 'a number'}, got {value!r}"[:200])
         limit = _COLUMN_LIMITS.get(name, 2**31) if kind_of is int else 1e300  # what the column stores
-        if not -limit <= value < limit:
+        if not (0 if name in _NOT_NEGATIVE else -limit) <= value < limit:
             raise BadRequest(f"{prefix}{name}: out of range, got {value!r}"[:200])
     for name in _STRING_FIELDS.get(kind, ()):
         value = item.get(name)
