@@ -68,9 +68,9 @@ SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id
 # The migrations (ingest/db/migrations/) whose tables PG_DDL and the lake hold; the lake's tables (logs,
 # metrics) and the views are created from the files themselves (``_lake_tables``, ``_migration_views``). A new migration must be folded in here too (open_lake refuses to start
 # otherwise, so the two modes cannot drift apart silently).
-# 10, 15, 16, 17 and 18 only (re)define views (17 a macro too); 14 (log_blocks, the search's token filter) has no lake table: the
+# 10, 15, 16, 17 and 18 only (re)define views (17 a macro too); 14 and 20 (log_blocks, the search's token filter) have no lake table: the
 # lake keeps no blocks and its searches scan the window (docs/scale-out.md).
-LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18})
+LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20})
 
 # Native PostgreSQL DDL of the keyed tables (migrations 001-005 folded, JSON kept as text: DuckDB sees both as VARCHAR and casts one way only; bench_runs carries its own
 # ``rowid`` column, which DuckDB's postgres scanner does not provide, so the writer's run matching
@@ -120,7 +120,7 @@ ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS run_id text;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS started_received_at timestamp;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS done_received_at timestamp;
 INSERT INTO schema_migrations (version, name)
-    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes')
+    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes'), (20, 'block_received')
     ON CONFLICT DO NOTHING;
 """
 
