@@ -89,7 +89,8 @@ def fill(path: Path, table: pa.Table, blocks) -> float:
             schema=store.LOG_CHUNK_SCHEMA)
         logs.append(batch)
         t0 = time.process_time()
-        store.write_batch(con, logs, [], MetricRows(), {}, 1_800_000_000_000_000, blocks=blocks)
+        # each commit its own stamp, as the writer's (the search finds a block's rows by them, migration 020)
+        store.write_batch(con, logs, [], MetricRows(), {}, 1_800_000_000_000_000 + start, blocks=blocks)
         if blocks is not None:
             blocks.committed()
         cpu += time.process_time() - t0

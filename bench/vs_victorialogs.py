@@ -28,13 +28,20 @@ query on a fresh connection, the commit CPU per line of ``store.write_batch`` wi
 VictoriaLogs comes from ../shared/peers/victoria-logs or FLEETLOG_PEER_VICTORIALOGS; without it the
 bench says so, measures fleetlog alone and skips the ratios.
 
+The goal at 100 M lines (each search's p99 no more than 2x fleetlog's own at 10 M) compares two runs:
+``--save`` writes a run's pooled figures as JSON, ``--compare-to`` prints each search's ratio to a saved
+run's (without it the bench says the goal is not measured by this run):
+
     nice python bench/vs_victorialogs.py --lines 1000000     # the default 10 M takes hours on 2 cores
+    python bench/vs_victorialogs.py --save 10m.json                                  # 10 M lines
+    python bench/vs_victorialogs.py --lines 100000000 --rounds 1 --compare-to 10m.json   # not in CI
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import http.client
 import multiprocessing
 import os
@@ -406,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=20, help="searches per case per round")
     parser.add_argument("--tails", type=int, default=200, help="streams whose first tail is read after the restart")
     parser.add_argument("--cached", type=int, default=1000, help="tails read again (the tail cache)")
+    parser.add_argument("--save", type=Path, help="write this run's pooled figures (JSON) for a later --compare-to")
+    parser.add_argument("--compare-to", type=Path, help="a --save of a smaller run (10 M lines): the 100 M goal's ratios")
     args = parser.parse_args(argv)
     exe = peer.binary()
     t_start = time.perf_counter()
@@ -446,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(results: dict, args, zstd: float, raw: float) -> None:
+    """Every goal of issue 23: fleetlog, VictoriaLogs, their ratio and whether it is met, and fleetlog's own
+    reference; the scale goal against ``--compare-to``; the pooled figures to ``--save``."""
     ours, theirs, refs = results["fleetlog"], results["VictoriaLogs"], results["reference"]
 
     def pooled(rounds: list[dict], key: str, q: float | None) -> float:
@@ -504,7 +515,19 @@ def report(results: dict, args, zstd: float, raw: float) -> None:
         r_["bytes/line"] = r_["bytes"] / args.lines
     goal("bytes on disk per line", "bytes/line", None, lambda v: f"{v:.1f}", 0.9,
          f"zstd -3 of the text {zstd:.1f} B/line ({pooled(ours, 'bytes/line', None) / zstd:.2f}x); raw {raw:.0f}")
+    saved = {"lines": args.lines, **{f"{case} p{q}": pooled(ours, case, q) for case in CASES for q in (50, 99)}}
+    if args.compare_to is None:
+        rows.append(f"{'search p99 at 100 M <= 2x own at 10 M':<40} not measured by this run (--lines 100000000 "
+                    "--compare-to a 10 M run's --save)")
+    else:
+        before = json.loads(args.compare_to.read_text())
+        for case in CASES:
+            f, b = saved[f"{case} p99"], before[f"{case} p99"]
+            rows.append(f"{'search ' + case + ' p99, scale':<40} {ms(f):>12}  {ms(b) + ' own':>12}  {f / b:7.2f}x  "
+                        f"{args.lines / 1e6:g} M vs {before['lines'] / 1e6:g} M lines{'':<4} <= 2.0x: {'met' if f / b <= 2.0 else 'NOT met'}")
     print("\n".join(rows))
+    if args.save is not None:
+        args.save.write_text(json.dumps(saved, indent=1))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ word's search reads only the blocks that hold it."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 
+import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -16,12 +18,19 @@ from tests.fleet import push_lines, utcnow
 T0 = 1_800_000_000_000_000
 
 
-def commit(con, blocks, rows: list[tuple[str, int, int, str]]) -> None:
-    """One group commit through store.write_batch: rows of (instance, seq, ts_us, line)."""
+def commit(con, blocks, rows: list[tuple[str, int, int, str]], received_us: int = T0) -> None:
+    """One group commit through store.write_batch: rows of (instance, seq, ts_us, line), stamped ``received_us``."""
     logs = store.LogColumns.empty()
-    for instance, seq, ts_us, line in rows:
-        logs.append(store.log_chunk_batch(instance, "s", "0", [seq], [ts_us], [line], [False]))
-    store.write_batch(con, logs, [], MetricRows(), {}, T0, blocks=blocks)
+    streams: dict[str, list[tuple[int, int, str]]] = {}
+    for instance, seq, ts_us, line in rows:  # one batch per stream and run of rows, as the writer's requests
+        if streams and instance not in streams:
+            for name, part in streams.items():
+                logs.append(store.log_chunk_batch(name, "s", "0", *map(list, zip(*part)), [False] * len(part)))
+            streams = {}
+        streams.setdefault(instance, []).append((seq, ts_us, line))
+    for name, part in streams.items():
+        logs.append(store.log_chunk_batch(name, "s", "0", *map(list, zip(*part)), [False] * len(part)))
+    store.write_batch(con, logs, [], MetricRows(), {}, received_us, blocks=blocks)
     blocks.committed()
 
 
@@ -58,11 +67,66 @@ def test_rare_word_search_reads_only_the_blocks_that_hold_it(db):
     assert plan.filter == "no trigram in q"
 
 
+class Profiled:
+    """A connection whose every query on ``logs`` adds DuckDB's own count of the rows its scans read
+    (the row groups its zone maps did not prune) to ``rows_scanned``."""
+
+    def __init__(self, con, path) -> None:
+        self.con, self.path, self.rows_scanned, self._sql = con, str(path), 0, ""
+        con.execute("PRAGMA enable_profiling = 'json'")
+        con.execute(f"PRAGMA profiling_output = '{self.path}'")
+        con.execute("""PRAGMA custom_profiling_settings = '{"CUMULATIVE_ROWS_SCANNED": "true"}'""")
+
+    def execute(self, sql, params=None):
+        self._sql = sql
+        self.con.execute(sql, params)
+        return self
+
+    def fetchall(self):
+        rows = self.con.fetchall()
+        if "FROM logs" in self._sql:
+            with open(self.path) as f:
+                self.rows_scanned += json.load(f)["cumulative_rows_scanned"]
+        return rows
+
+    def fetchone(self):
+        return self.con.fetchone()
+
+    def interrupt(self):
+        self.con.interrupt()
+
+
+def test_rare_phrase_search_scans_the_rows_of_its_blocks_not_their_time_span(tmp_path):
+    # Streams interleave and one agent's clock is far behind: every block's ts range spans the whole
+    # table, so the ts ranges of the admitted blocks prune nothing. The commit stamps (received_at) do.
+    db = store.open_database(tmp_path / "f.duckdb")
+    blocks = tokens.BlockWriter()
+    commits, per_commit, rare_at = 100, 5000, 90
+    for c in range(commits):
+        rows = [("C.lag", c, T0, "INFO heartbeat from a lagging clock")]
+        rows += [("C.%d" % (i // 100), c * per_commit + i, T0 + c * 1_000_000 + i, f"INFO partition {i} of proof {c} done")
+                 for i in range(1, per_commit)]
+        if c == rare_at:
+            rows[2500] = ("C.7", 0, T0 + c * 1_000_000 + 2500, "ERROR CUDA error: out of memory")
+        commit(db, blocks, rows, received_us=T0 + c * 1000)
+    db.close()
+    db = duckdb.connect(str(tmp_path / "f.duckdb"))  # store.open_database locks the configuration: no profiling
+    total, = db.execute("SELECT count(*) FROM logs").fetchone()
+    assert total == commits * per_commit
+    profiled = Profiled(db, tmp_path / "profile.json")
+    hits, _, plan = search.search(profiled, 30.0, search.SearchQuery(text="out of memory", regex=False, since_us=T0 - 10**9,
+                                                                    until_us=T0 + 10**9))
+    assert [h["line"] for h in hits] == ["ERROR CUDA error: out of memory"] and plan.blocks_admitted == 1
+    # The admitted block's 8,192 rows lie in at most two of DuckDB's row groups (122,880 rows each).
+    assert 0 < profiled.rows_scanned <= 2 * 122_880 < total, (profiled.rows_scanned, total)
+    db.close()
+
+
 def test_rows_before_the_migration_stay_searchable(tmp_path):
     path = tmp_path / "old.duckdb"
     con = store.open_database(path)
     con.execute("DELETE FROM log_blocks")
-    con.execute("DELETE FROM schema_migrations WHERE version = 14")
+    con.execute("DELETE FROM schema_migrations WHERE version IN (14, 20)")
     con.execute("DROP TABLE log_blocks")
     con.execute("INSERT INTO logs VALUES ('C.1', 's', '0', 0, make_timestamp(?), make_timestamp(?), 'old oom line', false)", [T0, T0])
     store.migrate(con)  # 014 puts them in a catch-all block
@@ -86,8 +150,9 @@ def test_filtered_search_returns_exactly_the_hits_of_a_scan(db, lines, picks, ex
     db.execute("DELETE FROM log_blocks")
     blocks = tokens.BlockWriter(block_lines=block_lines)
     rows = [("C.%d" % (i % 3), i, T0 + shuffle.randrange(0, 30) * 1000, line) for i, line in enumerate(lines)]  # ts out of order, ties
-    for start in range(0, len(rows), 5):
-        commit(db, blocks, rows[start:start + 5])
+    stamps = [T0 + shuffle.choice((0, 0, 1, -1)) * 1000 for _ in range(0, len(rows), 5)]  # shared, stepped back
+    for n, start in enumerate(range(0, len(rows), 5)):
+        commit(db, blocks, rows[start:start + 5], received_us=stamps[n] + 1000 * n if n % 3 else stamps[n])
     queries = [extra]
     for n, at, size, swap in picks:
         line = lines[n % len(lines)]

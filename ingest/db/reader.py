@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 READ_THREADS = 8  # the page's and agents' reads: small indexed queries
 FOLLOW_MAX_TAIL = 10_000
 REFINE_TIMEOUT_S = 120.0  # the start-up narrowing of the tail windows (one aggregate over the table)
+# A tail-cache miss loads the lines asked for, at least this many, not the cache's capacity: the load
+# scans the row groups its lines lie in, so at 2 M interleaved lines a first tail of 200 read 200,000
+# rows (~5 ms) where loading 1,000 read 674,000 (~26 ms). A longer tail later loads again.
+FIRST_LOAD_LINES = 200
 
 
 class _Lane:
@@ -255,10 +259,11 @@ class Reader:
         if plain_tail and tail <= cache.capacity:
             key = (instance_id, source)
             cached = cache.tail(key, tail)
-            if cached is None and cache.begin_load(key):
+            load = min(cache.capacity, max(tail, FIRST_LOAD_LINES))
+            if cached is None and cache.begin_load(key, load):
                 try:
-                    bounds = self.index.tail_bounds(instance_id, source, cache.capacity)
-                    loaded, complete = await self._run("logs", reads.load_tail, instance_id, source, cache.capacity, bounds)
+                    bounds = self.index.tail_bounds(instance_id, source, load)
+                    loaded, complete = await self._run("logs", reads.load_tail, instance_id, source, load, bounds)
                 except BaseException:
                     cache.abort_load(key)
                     raise

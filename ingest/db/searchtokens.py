@@ -3,10 +3,15 @@
 Invariants:
 - Every log row the writer commits is counted in exactly one block, in the same transaction as the row
   (``BlockWriter.add`` runs inside ``store.write_batch``). A block is a run of consecutive rows in
-  commit order, at most ``BLOCK_LINES`` long, with the ``[min_ts, max_ts]`` of its rows and ``bits``:
+  commit order, at most ``BLOCK_LINES`` long, with the ``[min_ts, max_ts]`` of its rows, the
+  ``[min_received_at, max_received_at]`` of its rows (migration 020: the commit stamps, which follow
+  commit order, so DuckDB's zone maps on ``received_at`` find the block's rows where its ts range, wide
+  when streams interleave or clocks differ, cannot) and ``bits``:
   a bitset of ``26**3`` bits holding at least every letter trigram of its lines. Extra bits are always
   allowed (they only make a search scan more); a missing one would lose a hit, so none may be missing.
-- Rows stored before migration 014 are in the catch-all block 0 (every bit set, their whole ts range).
+  The ranges may be wider than the rows' (extra rows scanned), never narrower.
+- Rows stored before migration 014 are in the catch-all block 0 (every bit set, their whole ts range);
+  blocks written before 020 have no received_at range (NULL): a search scans their ts range.
 - A letter trigram is three consecutive letters a-z after folding: ASCII letters lowered, the two
   characters DuckDB's ``lower`` (hence ``ILIKE``) turns into ASCII letters (U+212A KELVIN SIGN -> k,
   U+0130 -> i) folded the same way, and every other byte a separator. Whenever ``line ILIKE '%q%'``
@@ -66,6 +71,8 @@ class _Block:
     min_us: int
     max_us: int
     grams: set[int] = field(default_factory=set)
+    min_received_us: int | None = None
+    max_received_us: int | None = None
     stored: bool = False  # its row exists: the commit updates it rather than inserting it
 
 
@@ -85,13 +92,15 @@ class BlockWriter:
         (top,) = con.execute("SELECT coalesce(max(block), 0) FROM log_blocks").fetchone()
         self._next_id = top + 1  # after a restart a new block begins: the last one may stay short
 
-    def add(self, con: duckdb.DuckDBPyConnection, batches: list[pa.RecordBatch]) -> None:
+    def add(self, con: duckdb.DuckDBPyConnection, batches: list[pa.RecordBatch], received_us: int) -> None:
+        """The blocks of a commit's rows, all stamped ``received_us`` (their ``received_at``)."""
         if self._next_id is None:
             self._load(con)
         block = self._open
         next_id = self._next_id
         if block is not None:
-            block = _Block(block.block, block.lines, block.min_us, block.max_us, set(block.grams), True)
+            block = _Block(block.block, block.lines, block.min_us, block.max_us, set(block.grams), stored=True,
+                           min_received_us=block.min_received_us, max_received_us=block.max_received_us)
         touched: list[_Block] = []
         for batch in batches:
             lines, ts = batch.column("line"), batch.column("ts").cast(pa.int64())
@@ -111,16 +120,22 @@ class BlockWriter:
                 block.min_us = lo_us if block.lines == 0 else min(block.min_us, lo_us)
                 block.max_us = hi_us if block.lines == 0 else max(block.max_us, hi_us)
                 block.lines += n
+                block.min_received_us = min(block.min_received_us if block.min_received_us is not None else received_us, received_us)
+                block.max_received_us = max(block.max_received_us if block.max_received_us is not None else received_us, received_us)
                 if not touched or touched[-1] is not block:
                     touched.append(block)
                 start += n
         for b in touched:
-            params = {"b": b.block, "n": b.lines, "lo": b.min_us, "hi": b.max_us, "bits": bitstring(b.grams)}
+            params = {"b": b.block, "n": b.lines, "lo": b.min_us, "hi": b.max_us, "bits": bitstring(b.grams),
+                      "rlo": b.min_received_us, "rhi": b.max_received_us}
             if b.stored:
                 con.execute("UPDATE log_blocks SET lines = $n, min_ts = make_timestamp($lo), max_ts = make_timestamp($hi), "
-                            "bits = $bits::BIT WHERE block = $b", params)
+                            "bits = $bits::BIT, min_received_at = make_timestamp($rlo), max_received_at = make_timestamp($rhi) "
+                            "WHERE block = $b", params)
             else:
-                con.execute("INSERT INTO log_blocks VALUES ($b, make_timestamp($lo), make_timestamp($hi), $n, $bits::BIT)", params)
+                con.execute("INSERT INTO log_blocks (block, min_ts, max_ts, lines, bits, min_received_at, max_received_at) "
+                            "VALUES ($b, make_timestamp($lo), make_timestamp($hi), $n, $bits::BIT, make_timestamp($rlo), "
+                            "make_timestamp($rhi))", params)
         self._pending = (block, next_id)
 
     def committed(self) -> None:
@@ -138,8 +153,9 @@ def cover_unindexed(con: duckdb.DuckDBPyConnection) -> None:
     """A catch-all block (every bit set) over the ts range of every stored line: for rows written
     straight into ``logs`` (benchmarks, tools), which a filtered search would otherwise miss."""
     con.execute(
-        "INSERT INTO log_blocks SELECT (SELECT coalesce(max(block), 0) + 1 FROM log_blocks), min(ts), max(ts), count(*), "
-        f"repeat('1', {NBITS})::BIT FROM logs HAVING count(*) > 0"
+        "INSERT INTO log_blocks (block, min_ts, max_ts, lines, bits, min_received_at, max_received_at) "
+        "SELECT (SELECT coalesce(max(block), 0) + 1 FROM log_blocks), min(ts), max(ts), count(*), "
+        f"repeat('1', {NBITS})::BIT, min(received_at), max(received_at) FROM logs HAVING count(*) > 0"
     )
 
 
@@ -157,23 +173,64 @@ class Plan:
                 "ranges_scanned": self.ranges_scanned}
 
 
+MAX_STAMP_RANGES = 32  # received_at ranges one scan ORs together (a UNION ALL branch each); closer ones are merged
+
+
+@dataclass(frozen=True)
+class Range:
+    """A part ``[lower, upper)`` of the window, and where its admitted rows lie in commit order: the
+    ``received_at`` ranges ``[lo, hi]`` of its blocks (disjoint), or None when a block has none (scan
+    the part)."""
+
+    lower: int
+    upper: int
+    stamps: tuple[tuple[int, int], ...] | None = None
+
+
+def _stamp_ranges(blocks: list[tuple[int, int | None, int | None]]) -> tuple[tuple[int, int], ...] | None:
+    """The received_at ranges of ``blocks`` (block, lo, hi) merged: overlapping ones (a commit shared
+    by two blocks, a clock stepped back: a row must be read once) and consecutive blocks (nothing lies
+    between them) join, and beyond MAX_STAMP_RANGES the closest ones do. None if any block has none."""
+    if any(lo is None for _, lo, _ in blocks):
+        return None
+    merged: list[list[int]] = []  # [lo, hi, last block]
+    for block, lo, hi in sorted(blocks, key=lambda b: (b[1], b[0])):
+        if merged and (lo <= merged[-1][1] or block == merged[-1][2] + 1):
+            merged[-1][1], merged[-1][2] = max(merged[-1][1], hi), block
+        else:
+            merged.append([lo, hi, block])
+    while len(merged) > MAX_STAMP_RANGES:
+        gaps = sorted(range(len(merged) - 1), key=lambda i: merged[i + 1][0] - merged[i][1])
+        cut = set(gaps[: len(merged) - MAX_STAMP_RANGES])
+        joined: list[list[int]] = []
+        for i, r in enumerate(merged):
+            if i - 1 in cut:
+                joined[-1][1], joined[-1][2] = max(joined[-1][1], r[1]), r[2]
+            else:
+                joined.append(list(r))
+        merged = joined
+    return tuple((lo, hi) for lo, hi, _ in merged)
+
+
 def admitted_ranges(cur: duckdb.DuckDBPyConnection, grams: set[int], since_us: int, until_us: int,
-                    plan: Plan) -> list[tuple[int, int]]:
-    """The parts ``[lower, upper)`` of the window that blocks holding every trigram cover, newest first,
-    merged so that none overlaps another (a row is scanned once)."""
+                    plan: Plan) -> list[Range]:
+    """The parts of the window that blocks holding every trigram cover, newest first, merged so that
+    none overlaps another (a row is scanned once), each with the received_at ranges of its blocks."""
     test = " AND ".join(f"get_bit(bits, {g}) = 1" for g in sorted(grams))
     rows = cur.execute(
-        f"SELECT epoch_us(min_ts), epoch_us(max_ts), {test} FROM log_blocks "
-        "WHERE max_ts >= make_timestamp($since) AND min_ts < make_timestamp($until)",
+        f"SELECT block, epoch_us(min_ts), epoch_us(max_ts), epoch_us(min_received_at), epoch_us(max_received_at), {test} "
+        "FROM log_blocks WHERE max_ts >= make_timestamp($since) AND min_ts < make_timestamp($until)",
         {"since": since_us, "until": until_us},
     ).fetchall()
     plan.blocks = len(rows)
-    spans = sorted((max(lo, since_us), min(hi + 1, until_us)) for lo, hi, may in rows if may)
+    spans = sorted((max(lo, since_us), min(hi + 1, until_us), (block, rlo, rhi))
+                   for block, lo, hi, rlo, rhi, may in rows if may)
     plan.blocks_admitted = len(spans)
-    merged: list[list[int]] = []
-    for lo, hi in spans:  # oldest first
+    merged: list[list] = []  # [lower, upper, blocks]
+    for lo, hi, block in spans:  # oldest first
         if merged and lo <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], hi)
+            merged[-1][2].append(block)
         else:
-            merged.append([lo, hi])
-    return [(lo, hi) for lo, hi in reversed(merged)]
+            merged.append([lo, hi, [block]])
+    return [Range(lo, hi, _stamp_ranges(blocks)) for lo, hi, blocks in reversed(merged)]

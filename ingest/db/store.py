@@ -234,7 +234,7 @@ def write_batch(
         if len(logs):
             _insert_logs(con, logs, received_us, stream_lines)
             if blocks is not None:
-                blocks.add(con, logs.batches)
+                blocks.add(con, logs.batches, received_us)
         if len(metrics):
             received = pa.scalar(received_us, TS_TYPE)  # ~10 us: only when there are metrics
             table = pa.Table.from_arrays(

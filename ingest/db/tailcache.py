@@ -5,7 +5,8 @@ ART index does not serve ``ORDER BY ... LIMIT`` (MEASUREMENTS.md), so the server
 manager's ring buffer kept, but only as a cache: the database stays the record.
 
 An entry is filled either from the start (the stream did not exist when it was first written in
-this process) or lazily from the database on the first read; while a load runs, the writer's
+this process) or lazily from the database on the first read, with the lines that read asks for (a
+longer tail later loads again: ``begin_load`` claims an entry too short for it); while a load runs, the writer's
 commits for that key are parked in ``pending`` and merged when the load finishes, so no committed
 line is missed. Lines are ordered by (run_id, seq). The writer thread writes; request handlers read.
 
@@ -140,13 +141,19 @@ class TailCache:
             self.hits += count
             return entry.rows[-n:] if n else []
 
-    def begin_load(self, key: TailKey) -> bool:
-        """Claim the load of ``key``; False when it is cached or another reader loads it."""
+    def begin_load(self, key: TailKey, n: int | None = None) -> bool:
+        """Claim the load of ``key``'s newest ``n`` lines; False when they are cached or another reader
+        loads it. An entry with fewer (not complete) is claimed again: its lines stay until the load
+        replaces them, commits meanwhile are parked as for a new entry."""
         if not self.enabled:
             return False
         with self._lock:
-            if key in self._entries:
-                return False
+            entry = self._entries.get(key)
+            if entry is not None:
+                if entry.pending is not None or entry.complete or len(entry.rows) >= (n or 0):
+                    return False
+                entry.pending = []
+                return True
             self._entries[key] = _Entry(pending=[])
             self._evict()
             return key in self._entries

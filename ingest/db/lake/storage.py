@@ -68,10 +68,10 @@ SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id
 # The migrations (ingest/db/migrations/) whose tables PG_DDL and the lake hold; the lake's tables (logs,
 # metrics) and the views are created from the files themselves (``_lake_tables``, ``_migration_views``). A new migration must be folded in here too (open_lake refuses to start
 # otherwise, so the two modes cannot drift apart silently).
-# 10, 15, 16, 17 and 18 only (re)define views (17 a macro too); 14 (log_blocks, the search's token filter) has no lake table: the
-# lake keeps no blocks and its searches scan the window (docs/scale-out.md). 19's table (log_stream_lines, what is stored of
-# each log stream, kept by the file's writer) is a view here that counts the lake's lines (LAKE_STREAM_LINES), as 010 did.
-LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19})
+# 10, 15, 16, 17 and 18 only (re)define views (17 a macro too); 14 and 20 (log_blocks, the search's token filter) have no lake
+# table: the lake keeps no blocks and its searches scan the window (docs/scale-out.md). 19's table (log_stream_lines, what is
+# stored of each log stream, kept by the file's writer) is a view here that counts the lake's lines (LAKE_STREAM_LINES), as 010 did.
+LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20})
 LAKE_STREAM_LINES = f"""CREATE OR REPLACE VIEW memory.main.log_stream_lines AS
 SELECT instance_id, source, run_id, count(*) AS lines, min(seq) AS first_seq, max(seq) AS last_seq,
        count(*) FILTER (WHERE truncated) AS truncated, min(ts) AS first_ts, max(ts) AS last_ts,
@@ -126,7 +126,7 @@ ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS run_id text;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS started_received_at timestamp;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS done_received_at timestamp;
 INSERT INTO schema_migrations (version, name)
-    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes'), (19, 'log_stream_lines')
+    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes'), (19, 'log_stream_lines'), (20, 'block_received')
     ON CONFLICT DO NOTHING;
 """
 
