@@ -193,6 +193,9 @@ async def test_crashed_instance_shows_the_oom_banner_timeline_and_benchdaemon_li
     for kind in ("registered", "params_done", "bench_started", "bench_done", "logs_complete"):
         await expect(timeline.locator(f'li[data-kind="{kind}"]')).to_have_count(1)
     await expect(timeline.locator('li[data-kind="bench_done"]')).to_contain_text("+10 min")
+    # the wrapper's 0 proofs/hour is no measurement: the timeline says so, as the banner and the rules do
+    await expect(timeline.locator('li[data-kind="bench_done"]')).to_contain_text("rate not measured")
+    await expect(timeline.locator('li[data-kind="bench_done"]')).not_to_contain_text("0.0 proofs/hour")
     await expect(page.locator('#completeness tr[data-source="benchdaemon"]')).to_contain_text("✓ complete")
     await expect(page.locator('#completeness tr[data-source="benchout"]')).to_contain_text("✓ complete")
 

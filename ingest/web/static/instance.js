@@ -156,7 +156,7 @@ function eventDetail(e) {
     case "bench_started":
       return `${b.proofs ?? "?"} proofs, concurrency ${b.concurrency ?? "?"}, partition-workers ${b.partition_workers ?? "?"}`;
     case "bench_done":
-      return `exit ${b.exit_code ?? "?"}, ${fmtNumber(b.rate_per_hour)} proofs/hour, ${b.proofs_ok ?? "?"} ok, ${fmtDuration(b.duration_s)}`;
+      return `exit ${b.exit_code ?? "?"}, ${rateMeasured(b.rate_per_hour) ? `${fmtNumber(b.rate_per_hour)} proofs/hour` : "rate not measured"}, ${b.proofs_ok ?? "?"} ok, ${fmtDuration(b.duration_s)}`;
     case "logs_complete":
       return Object.entries(b.sources || {}).map(([k, v]) => `${k} ≤ ${v}`).join(", ");
     case "killed":
