@@ -108,6 +108,29 @@ async def test_search_across_the_window_parts_keeps_newest_first_and_the_limit(f
     assert [h["instance_id"] for h in doc["hits"]] == ["C.h0", "C.h3", "C.h12"] and doc["truncated"]
 
 
+async def assert_instances_answer_while_held(fleet, requests, entered: list[int], release: threading.Event) -> None:
+    """``requests`` (searches) started at once, the first of them held (``entered`` counts those that
+    reached the database, ``release`` lets them go): the instance list still answers, and every search
+    is answered 200, or 429 naming search_max_concurrent with when to retry (beyond the search pool)."""
+    held = [asyncio.ensure_future(r) for r in requests]
+    try:
+        deadline = time.monotonic() + 30
+        while entered[0] < 2 and time.monotonic() < deadline:  # the first searches hold their threads
+            await asyncio.sleep(0.01)
+        assert entered[0] >= 2
+        async with asyncio.timeout(10):  # generous: unblocked, it answers in milliseconds
+            r = await fleet.get("/api/v1/instances", headers=fleet.read)
+        assert r.status == 200 and (await r.json())
+    finally:
+        release.set()
+        answers = await asyncio.gather(*held)
+    statuses = [r.status for r in answers]
+    assert set(statuses) <= {200, 429} and 200 in statuses, statuses
+    for r in answers:
+        if r.status == 429:
+            assert "search_max_concurrent" in (await r.json())["error"] and r.headers["Retry-After"]
+
+
 async def test_instances_answer_while_slow_searches_hold_their_threads(fleet, monkeypatch):
     """12 searches that do not finish (a search for absent text over a big window, made to block
     here) must not take the threads the page's reads run on: /api/v1/instances answers meanwhile."""
@@ -121,24 +144,8 @@ async def test_instances_answer_while_slow_searches_hold_their_threads(fleet, mo
         return real(con, timeout_s, query)
 
     monkeypatch.setattr(search_module, "search", slow_search)
-    searches = [asyncio.ensure_future(fleet.get("/api/v1/search", params={"q": "absent text"}, headers=fleet.read))
-                for _ in range(12)]
-    try:
-        deadline = time.monotonic() + 30
-        while entered[0] < 2 and time.monotonic() < deadline:  # the first searches hold their threads
-            await asyncio.sleep(0.01)
-        assert entered[0] >= 2
-        async with asyncio.timeout(10):  # generous: unblocked, it answers in milliseconds
-            r = await fleet.get("/api/v1/instances", headers=fleet.read)
-        assert r.status == 200 and (await r.json())
-    finally:
-        release.set()
-        answers = await asyncio.gather(*searches)
-    statuses = [r.status for r in answers]
-    assert set(statuses) <= {200, 429} and 200 in statuses, statuses
-    for r in answers:
-        if r.status == 429:  # beyond the search pool: refused at once, with when to retry
-            assert "search_max_concurrent" in (await r.json())["error"] and r.headers["Retry-After"]
+    searches = [fleet.get("/api/v1/search", params={"q": "absent text"}, headers=fleet.read) for _ in range(12)]
+    await assert_instances_answer_while_held(fleet, searches, entered, release)
 
 
 async def test_instances_answer_while_slow_filtered_log_reads_hold_their_threads(fleet, monkeypatch):
@@ -157,25 +164,9 @@ async def test_instances_answer_while_slow_filtered_log_reads_hold_their_threads
         return real(con, timeout_s, instance_id, **kwargs)
 
     monkeypatch.setattr(reads_module, "read_logs", slow_read_logs)
-    reads = [asyncio.ensure_future(fleet.get("/api/v1/instances/C.2/logs", params={"q": "absent text", **where},
-                                             headers=fleet.read))
+    reads = [fleet.get("/api/v1/instances/C.2/logs", params={"q": "absent text", **where}, headers=fleet.read)
              for where in [{}, {"source": "benchdaemon"}] * 6]
-    try:
-        deadline = time.monotonic() + 30
-        while entered[0] < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert entered[0] >= 2
-        async with asyncio.timeout(10):  # generous: unblocked, it answers in milliseconds
-            r = await fleet.get("/api/v1/instances", headers=fleet.read)
-        assert r.status == 200 and (await r.json())
-    finally:
-        release.set()
-        answers = await asyncio.gather(*reads)
-    statuses = [r.status for r in answers]
-    assert set(statuses) <= {200, 429} and 200 in statuses, statuses
-    for r in answers:
-        if r.status == 429:
-            assert "search_max_concurrent" in (await r.json())["error"] and r.headers["Retry-After"]
+    await assert_instances_answer_while_held(fleet, reads, entered, release)
 
 
 async def test_follow_with_q_reads_only_new_lines_on_each_poll(fleet, monkeypatch):

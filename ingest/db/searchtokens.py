@@ -120,8 +120,10 @@ class BlockWriter:
                 block.min_us = lo_us if block.lines == 0 else min(block.min_us, lo_us)
                 block.max_us = hi_us if block.lines == 0 else max(block.max_us, hi_us)
                 block.lines += n
-                block.min_received_us = min(block.min_received_us if block.min_received_us is not None else received_us, received_us)
-                block.max_received_us = max(block.max_received_us if block.max_received_us is not None else received_us, received_us)
+                if block.min_received_us is None:
+                    block.min_received_us = block.max_received_us = received_us
+                block.min_received_us = min(block.min_received_us, received_us)
+                block.max_received_us = max(block.max_received_us, received_us)
                 if not touched or touched[-1] is not block:
                     touched.append(block)
                 start += n

@@ -270,12 +270,15 @@ def warm_up() -> None:
     import pyarrow.dataset  # noqa: F401
 
 
-# What a commit's log rows add to each stream's figures (migration 019): its rows are new (the writer's
-# exactly-once filter dropped the lines already stored or already in the group), so counts add up
-_ADD_STREAM_LINES_SQL = """
+# A stream's figures in log_stream_lines (migration 019) from its log rows, grouped by stream: the commit's
+# rows (the writer), every stored row (writes.recount_stream_lines), the lake's rows (its view)
+STREAM_FIGURES_SQL = """instance_id, source, run_id, count(*) AS lines, min(seq) AS first_seq, max(seq) AS last_seq,
+       count(*) FILTER (WHERE truncated) AS truncated, min(ts) AS first_ts, max(ts) AS last_ts"""
+# What a commit's log rows add to each stream's figures: its rows are new (the writer's exactly-once
+# filter dropped the lines already stored or already in the group), so counts add up
+_ADD_STREAM_LINES_SQL = f"""
 INSERT INTO log_stream_lines
-SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated), min(ts), max(ts),
-       make_timestamp({received_us}::BIGINT)
+SELECT {STREAM_FIGURES_SQL}, make_timestamp({{received_us}}::BIGINT)
 FROM _log_batch GROUP BY ALL
 ON CONFLICT (instance_id, source, run_id) DO UPDATE SET
     lines = lines + excluded.lines, first_seq = least(first_seq, excluded.first_seq),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import orjson
 
-from ingest.db import enrollment
+from ingest.db import enrollment, store
 from ingest.timestamps import utcnow
 
 if TYPE_CHECKING:
@@ -167,10 +167,8 @@ def recount_stream_lines(con: duckdb.DuckDBPyConnection, instance_ids: list[str]
     """log_stream_lines of ``instance_ids`` (every instance when None) counted again from ``logs``."""
     where, params = ("WHERE instance_id IN (SELECT unnest(?::VARCHAR[]))", [instance_ids]) if instance_ids is not None else ("", [])
     con.execute(f"DELETE FROM log_stream_lines {where}", params)
-    con.execute(f"""INSERT INTO log_stream_lines
-                    SELECT instance_id, source, run_id, count(*), min(seq), max(seq), count(*) FILTER (WHERE truncated),
-                           min(ts), max(ts), max(received_at)
-                    FROM logs {where} GROUP BY ALL""", params)
+    con.execute(f"INSERT INTO log_stream_lines SELECT {store.STREAM_FIGURES_SQL}, max(received_at) FROM logs {where} GROUP BY ALL",
+                params)
 
 
 def write_instance_token(con, instance_id: str, token_sha: str, issued_us: int, *, revoke_old: bool) -> None:

@@ -549,7 +549,6 @@ class _Recheck:
         first re-check; its age is that of the oldest of the rules the re-check needs."""
         needed = self.engine._needed(self.names)
         self.at = min((t for name, t in at.items() if name in needed), default=min(at.values(), default=None))
-
         self.failed, self.selected = failed, {}
         for rule, (subject, action, reason, evidence, _episode, _expires_at) in decided:
             self.selected.setdefault((rule.name, str(subject), action), (reason, orjson.loads(evidence)))

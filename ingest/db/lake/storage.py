@@ -73,9 +73,7 @@ SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id
 # stored of each log stream, kept by the file's writer) is a view here that counts the lake's lines (LAKE_STREAM_LINES), as 010 did.
 LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20})
 LAKE_STREAM_LINES = f"""CREATE OR REPLACE VIEW memory.main.log_stream_lines AS
-SELECT instance_id, source, run_id, count(*) AS lines, min(seq) AS first_seq, max(seq) AS last_seq,
-       count(*) FILTER (WHERE truncated) AS truncated, min(ts) AS first_ts, max(ts) AS last_ts,
-       max(received_at) AS last_received_at
+SELECT {store.STREAM_FIGURES_SQL}, max(received_at) AS last_received_at
 FROM {LAKE}.main.logs GROUP BY ALL"""
 
 # Native PostgreSQL DDL of the keyed tables (migrations 001-005 folded, JSON kept as text: DuckDB sees both as VARCHAR and casts one way only; bench_runs carries its own
