@@ -87,6 +87,10 @@ class Settings:
     policy_interval_s: float = _setting(
         60.0, "seconds between policy runs in the server (0 disables the timer); a logs_complete stored brings the next forward", minimum=0, aliases=("--policy-interval",)
     )
+    policy_full_interval_s: float = _setting(
+        10.0, "the timer runs every rule at most this often; the runs between run only the failure class, the destroy "
+        "and machine-exclusion rules (0: every run runs every rule)", minimum=0
+    )
     policy_execute: bool = _setting(False, "carry out decisions (destroy, delete logs); without it policies only propose")
     destroy_grace_s: float = _setting(600.0, "a destroy waits for logs_complete, or this long after the benchmark ended", minimum=0)
     destroy_cap_per_cycle: int = _setting(

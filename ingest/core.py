@@ -65,6 +65,7 @@ class Core:
             notify_timeout_s=settings.actuator_timeout_s,
             may_run=db.may_run_policy if db.slots is not None else None,
             delete_logs=db.delete_logs,
+            full_interval_s=settings.policy_full_interval_s,
         )
         # what the views compare against; the writer has not started yet
         db.store_settings(min_rate=settings.min_rate, bench_timeout_s=settings.bench_timeout_s,

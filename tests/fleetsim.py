@@ -435,11 +435,17 @@ class Fleet:
             "AND (json_extract(body, '$.sources.benchout') IS NOT NULL OR json_extract(body, '$.sources.setup') IS NOT NULL) "
             "GROUP BY ALL")}
         ran = self.actuator_runs()
+        declared: dict[str, list[tuple[float, set[str]]]] = {}  # instance -> (stored at, the streams declared complete)
+        for r in self.sql("SELECT instance_id, epoch(received_at) AS at, json_keys(json_extract(body, '$.sources')) AS keys "
+                          "FROM events WHERE kind = 'logs_complete'"):
+            declared.setdefault(r["instance_id"], []).append((r["at"], set(r["keys"] or ())))
         known = {r["instance_id"]: r["known"] for r in self.sql(
             "SELECT instance_id, epoch(known_at) AS known FROM instance_phase WHERE instance_id LIKE 'C.41%'")}
         latencies = []
         clean = []  # the latencies with no server downtime inside them (the injected restarts' own cost left out)
         parts: dict[str, list[float]] = {}  # where each destroy's latency went
+        decided_after: list[float] = []  # the same, from when the server held all the evidence (logs complete, outcome known)
+        slowest: list[dict] = []  # per destroy: who, its fate, its latency and its parts (the slowest printed)
         for d in decisions:
             if d["action"] != "destroy" or d["state"] != "executed":
                 continue
@@ -454,15 +460,25 @@ class Fleet:
                 latencies.append(ran[m.instance_id] - basis)
                 if not self.down_within(basis, ran[m.instance_id]):
                     clean.append(ran[m.instance_id] - basis)
-                ready = max(basis, known.get(m.instance_id) or basis)  # logs complete and the outcome known
+                # the last of the streams the destroy waited for declared complete before the actuator call (a
+                # failed fetch's evidence is every stream of the instance: the entrypoint's own ends after it)
+                waited = {k.split(" run ")[0] for k in (evidence.get("logs") or {})}
+                held = max((at for at, keys in declared.get(m.instance_id, ()) if keys & waited and at <= d["attempted"]),
+                           default=basis)
+                ready = max(basis, held, known.get(m.instance_id) or basis)  # logs complete and the outcome known
+                decided_after.append(ran[m.instance_id] - ready)
                 for name, value in (
-                        ("outcome_known_after_logs_s", ready - basis),
+                        ("evidence_held_after_logs_s", ready - basis),
                         ("evidence_to_decided_s", d["decided"] - ready),
                         ("decided_to_actuator_call_s", d["attempted"] - d["decided"]),
                         ("actuator_call_to_ran_s", ran[m.instance_id] - d["attempted"]),
                         ("server_down_within_s", self.down_within(basis, ran[m.instance_id])),
                         ("latency_less_server_down_s", ran[m.instance_id] - basis - self.down_within(basis, ran[m.instance_id]))):
                     parts.setdefault(name, []).append(value)
+                slowest.append({"instance_id": m.instance_id, "fate": m.fate, "restart": m.restart,
+                                "latency_s": round(ran[m.instance_id] - basis, 2),
+                                "held_after_logs_s": round(ready - basis, 2),
+                                "decided_after_evidence_s": round(d["decided"] - ready, 2)})
                 if ran[m.instance_id] < basis:
                     problems.append(f"{m.instance_id} actuator ran before its logs_complete was stored")
         # the deploy gate: machines excluded as the rules promise
@@ -486,6 +502,7 @@ class Fleet:
 
         breakdown = {name: p50_p99(values) for name, values in parts.items()}
         breakdown["policy_seconds"] = self.seconds_quantiles()
+        breakdown["slowest"] = sorted(slowest, key=lambda x: -x["latency_s"])[:3]
         return {
             "instances": len(self.members), "lines_written": lines_written, "lost": lost, "doubled": doubled,
             "destroyed": len(destroyed), "expected_destroyed": len(expected),
@@ -494,6 +511,9 @@ class Fleet:
             "latency_p50_no_restart_s": p(0.5, clean), "latency_p99_no_restart_s": p(0.99, clean),
             "latencies_with_restart": len(latencies) - len(clean), "latencies": len(latencies),
             "latency_mean_s": statistics.fmean(latencies) if latencies else float("nan"),
+            # a failed fetch's params_done comes from a second agent process after the setup's logs_complete:
+            # seconds on a host where 40 niced agents share 2 cores with stress-ng, not the server's
+            "evidence_latency_p50_s": p(0.5, sorted(decided_after)), "evidence_latency_p99_s": p(0.99, sorted(decided_after)),
             "interval_s": interval_s, "breakdown": breakdown, "problems": problems,
         }
 

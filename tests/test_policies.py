@@ -286,7 +286,7 @@ async def test_timer_counts_missed_runs(aiohttp_client, policy_settings):
     engine = client.app[CORE].policy
     cycles = []
 
-    async def slow_cycle(execute, now=None):
+    async def slow_cycle(execute, now=None, full=True):
         cycles.append(execute)
         await asyncio.sleep(0.25)  # a cycle that takes 2.5 intervals
 

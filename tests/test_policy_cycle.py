@@ -418,3 +418,72 @@ async def test_a_superseded_destroy_is_carried_out_once_its_rule_selects_it_agai
     assert [s for s, _ in calls()] == ["C.p1"] and len(report.executed) == 1, report
     assert rows(client, "SELECT state, last_error FROM decisions WHERE subject = 'C.p1' AND action = 'destroy'") == [
         ("executed", None)]
+
+
+async def test_a_slow_lookback_rule_does_not_hold_up_the_next_destroy(aiohttp_client, policy_settings, tmp_path, monkeypatch):
+    """On a loaded host the rules that look back over hours (staleness, retention, degradation, spikes)
+    took seconds a run: a logs_complete stored while a woken run was in them waited for that run to end,
+    then for as long again (woken runs take at most half the time). The timer runs them at most every
+    policy_full_interval_s; the runs between run what a destroy and the deploy gate wait for."""
+    slow_s = 2.0
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(
+        policy_settings, policy_interval_s=30.0, policy_full_interval_s=300.0, policy_execute=True, actuator_command=command)))
+    engine, order = client.app[CORE].policy, []
+    run_rule = engine._run_rule
+
+    def timed(rule, cur, run, errors):
+        order.append(rule.name)
+        if rule.name == "stale_instances":
+            time.sleep(slow_s)  # as on a loaded host
+        return run_rule(rule, cur, run, errors)
+
+    monkeypatch.setattr(engine, "_run_rule", timed)
+    deadline = time.monotonic() + 60
+    while await policy_runs(client) < 1:  # the timer's first run, at start-up: every rule
+        assert time.monotonic() < deadline, "no policy cycle at start-up"
+        await asyncio.sleep(0.05)
+    assert "stale_instances" in order and "retention" in order
+
+    async def fail(instance_id: str, machine: int) -> dt.datetime:
+        done = utcnow() - dt.timedelta(seconds=5)
+        await bench_instance(client, instance_id, machine, done=done, exit_code=1, rate=0.0)
+        await push_lines(client, instance_id, "cuzk", ["prover thread starting", "CUDA error: out of memory"], at=done)
+        await complete_logs(client, instance_id, done, {"cuzk": 1})
+        [(stored,)] = rows(client, f"SELECT received_at FROM events WHERE instance_id = '{instance_id}' AND kind = 'logs_complete'")
+        return stored
+
+    async def destroyed(instance_id: str) -> dt.datetime:
+        deadline = time.monotonic() + 30
+        while instance_id not in dict(calls()):
+            assert time.monotonic() < deadline, f"{instance_id} not destroyed within 30 s; calls {calls()}, order {order}"
+            await asyncio.sleep(0.02)
+        return dict(calls())[instance_id]
+
+    order.clear()
+    await fail("C.w1", 941)
+    await destroyed("C.w1")
+    stored = await fail("C.w2", 942)  # while the run woken by C.w1 would be in the look-back rules
+    latency = (await destroyed("C.w2") - stored).total_seconds()
+    print(f"second destroy {latency:.2f} s after its logs completed; rules run: {order}")
+    assert latency < slow_s, f"{latency:.2f} s: held up by the {slow_s} s look-back rule ({order})"
+    deadline = time.monotonic() + 30
+    excluded = "SELECT count(*) FROM decisions WHERE action = 'exclude_host' AND subject IN ('941', '942')"
+    while rows(client, excluded) != [(2,)]:  # the deploy gate keeps up: decided in the same runs, after the destroys
+        assert time.monotonic() < deadline, f"machines excluded: {rows(client, excluded)}; rules run: {order}"
+        await asyncio.sleep(0.05)
+    assert "stale_instances" not in order and "bad_hosts" in order
+
+
+async def test_a_rule_failing_in_a_full_run_stays_failing_through_the_runs_that_skip_it(aiohttp_client, policy_settings):
+    client = await aiohttp_client(create_app(policy_settings))
+    engine = client.app[CORE].policy
+    engine.rules = [replace(r, sql="SELECT 1 FROM no_such_table", params=()) if r.name == "stale_instances" else r
+                    for r in engine.rules]
+    full = await engine.run_cycle(False)
+    assert "stale_instances" in full.rule_errors
+    fast = await engine.run_cycle(False, full=False)
+    assert fast.rule_errors == {} and not fast.full
+    assert "stale_instances" in engine.failing_rules()  # not run is not mended
+    ready = await (await client.get("/readyz")).json()
+    assert "stale_instances" in json.dumps(ready)

@@ -80,6 +80,7 @@ INTERNAL_ACTIONS = writes.INTERNAL_ACTIONS  # recorded as executed: nothing leav
 WAKE_KINDS = frozenset({"logs_complete", "params_done"})
 _ASK = object()  # _still_selected: no re-check made yet
 DESTROYS = re.compile(r"'destroy'\s+AS\s+action\b", re.IGNORECASE)  # a rule that decides destroys (its SELECT says so)
+EXCLUDES = re.compile(r"'exclude_host'\s+AS\s+action\b", re.IGNORECASE)  # a rule that gates machines (the deploy gate)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class PolicyParams:
 @dataclass
 class CycleReport:
     execute: bool
+    full: bool = True  # every rule ran (not only the failure class, the destroys and the gate: see run_cycle)
     classified: int = 0
     class_lines_scanned: int = 0
     new_decisions: list[int] = field(default_factory=list)
@@ -142,11 +144,15 @@ class PolicyEngine:
         notify_timeout_s: float = 10.0,
         may_run: Callable[[], bool] | None = None,
         delete_logs: Callable[[str, Callable[[], None]], Awaitable[None]] | None = None,
+        full_interval_s: float = 0.0,
     ) -> None:
         """``may_run`` (blocking, asked on a worker thread): whether this node runs the policies now
         (lake mode: the node holding the PostgreSQL advisory lock; a cycle elsewhere reports nothing).
         ``delete_logs(instance_id, after_commit)``: the retention rule carried out (the database's:
-        lake mode carries it out in its delete window); by default, through the writer."""
+        lake mode carries it out in its delete window); by default, through the writer.
+        ``full_interval_s``: the timer runs every rule at most this often; the runs between (woken by
+        evidence, or ticks) run the failure class, the destroys and the machine exclusions only (0: every
+        run runs every rule)."""
         self.con = con
         self.writer = writer
         self.index = index
@@ -158,6 +164,7 @@ class PolicyEngine:
         self.cap = destroy_cap_per_cycle
         self.retries = actuator_retries
         self.timeout_s = query_timeout_s
+        self.full_interval_s = full_interval_s
         self.may_run = may_run
         self._delete = delete_logs or self._delete_through_writer
         self._lock = asyncio.Lock()  # one cycle at a time: the timer and an operator's run never overlap
@@ -173,13 +180,16 @@ class PolicyEngine:
                 metrics.policy_rule_errors.labels(rule=rule.name, reason=reason)
 
     # -- one cycle -------------------------------------------------------------------------------
-    async def run_cycle(self, execute: bool, now: dt.datetime | None = None) -> CycleReport:
+    async def run_cycle(self, execute: bool, now: dt.datetime | None = None, full: bool = True) -> CycleReport:
+        """One run of the rules (``full``: all of them; otherwise the failure class, the rules that decide
+        destroys and those that exclude machines, with what they read: what a decision waits for, and what
+        an orchestrator reads before it rents; the timer's runs between its full ones, see run_forever)."""
         if self.may_run is not None and not await asyncio.to_thread(self.may_run):
-            return CycleReport(execute)
+            return CycleReport(execute, full)
         async with self._lock:
             started = time.perf_counter()
             now = now or utcnow()
-            report = CycleReport(execute)
+            report = CycleReport(execute, full)
             try:
                 params = self.params.values(now)
                 for rule in self.rules:
@@ -197,8 +207,8 @@ class PolicyEngine:
                 # once: a destroy does not wait for the other rules (hosts, staleness, retention, spikes)
                 evaluated_at: dict[str, float] = {}  # rule -> when its evaluation began (time.monotonic())
                 done: set[str] = set()
-                acting, rest = self._phases()
-                for only, actions in ((acting, {"destroy"}), (rest, {"delete_logs"})):
+                acting, rest = self._phases(full)
+                for only, actions in ((acting, {"destroy"}), (rest, {"delete_logs"} if full else set())):
                     decided = await asyncio.to_thread(self._evaluate, params, report.rule_errors, only, evaluated_at)
                     decided = [(rule, row) for rule, row in decided if rule.name not in done]  # decided once a cycle
                     done |= only
@@ -210,9 +220,9 @@ class PolicyEngine:
                     if new and self.notifier.enabled:
                         for decision in await asyncio.to_thread(self._decisions, new):
                             self.notifier.send("alert" if decision["action"] == "alert" else decision["state"], decision)
-                    if execute:
+                    if execute and actions:
                         await self._carry_out(report, now, (evaluated_at, decided), actions)
-                self._note_health(report.rule_errors)
+                self._note_health(report.rule_errors, set(evaluated_at) | {r.name for r in self.rules if r.output == "classify"})
             except Exception:
                 self.metrics.policy_runs.labels(result="error").inc()
                 raise
@@ -274,11 +284,15 @@ class PolicyEngine:
                     decided.extend((rule, row) for row in rows)
         return decided
 
-    def _phases(self) -> tuple[set[str], set[str]]:
+    def _phases(self, full: bool = True) -> tuple[set[str], set[str]]:
         """A run's two evaluations: the rules that decide destroys and those they read, then the others
-        and those they read (an earlier rule's table is read on the cursor of the evaluation that needs it)."""
-        acting = self._needed({r.name for r in self.rules if r.output == "decisions" and DESTROYS.search(r.sql)})
-        return acting, self._needed({r.name for r in self.rules if r.output != "classify"} - acting)
+        (``full`` false: only those that exclude machines) and those they read (an earlier rule's table is
+        read on the cursor of the evaluation that needs it)."""
+        decides = [r for r in self.rules if r.output == "decisions"]
+        acting = self._needed({r.name for r in decides if DESTROYS.search(r.sql)})
+        others = {r.name for r in self.rules if r.output != "classify"} if full else {
+            r.name for r in decides if EXCLUDES.search(r.sql)}
+        return acting, self._needed(others - acting)
 
     def _needed(self, names: set[str]) -> set[str]:
         """The rules named and the earlier ones whose tables they read (their name appears in the SQL),
@@ -289,11 +303,13 @@ class PolicyEngine:
                 needed.update(r.name for r in self.rules[:i] if re.search(rf"\b{re.escape(r.name)}\b", self.rules[i].sql))
         return needed
 
-    def _note_health(self, errors: dict[str, str]) -> None:
-        """After a cycle's evaluation: which rules are failing now (each rule ran once in it)."""
-        self.failing = dict(errors)
+    def _note_health(self, errors: dict[str, str], ran: set[str]) -> None:
+        """After a cycle's evaluation: which rules are failing now (those that ran in it, as it found
+        them; the others as their last run did)."""
+        ran = ran | set(errors)
+        self.failing = {name: why for name, why in self.failing.items() if name not in ran} | dict(errors)
         for rule in self.rules:
-            self.metrics.policy_rule_failing.labels(rule=rule.name).set(1 if rule.name in errors else 0)
+            self.metrics.policy_rule_failing.labels(rule=rule.name).set(1 if rule.name in self.failing else 0)
 
     def failing_rules(self) -> dict[str, str]:
         """The rules whose last evaluation failed, and why (shown by /readyz)."""
@@ -481,10 +497,14 @@ class PolicyEngine:
         as soon as the one running has finished, instead of at the next tick: wake-ups that arrive
         while a cycle runs make one cycle after it, and a cycle woken right after another woken one
         waits as long as that one took (woken cycles take at most half of the time), never past
-        the next tick. A cycle starts at least every ``interval_s`` whatever woke it."""
+        the next tick. A cycle starts at least every ``interval_s`` whatever woke it. Every rule runs
+        at most every ``full_interval_s`` (and at the first run); the runs between run what a destroy
+        and the deploy gate wait for (run_cycle's ``full``), so the rules that look back over hours
+        (staleness, retention, degradation, spikes) do not hold up a decision on a loaded host."""
         self._loop, self._woken = asyncio.get_running_loop(), asyncio.Event()
         woken = self._woken
         next_at = time.monotonic()
+        full_at = next_at  # when the next run that runs every rule is due
         hold_until = 0.0  # after a woken cycle: the earliest a wake-up starts the next
         try:
             while not stop.is_set():
@@ -503,8 +523,11 @@ class PolicyEngine:
                 timed = now >= next_at
                 woken.clear()  # what is stored from here on is seen by this cycle or brings the next one
                 started = time.monotonic()
+                full = started >= full_at
+                if full:
+                    full_at = started + self.full_interval_s
                 try:
-                    await self.run_cycle(execute)
+                    await self.run_cycle(execute, full=full)
                 except Exception:
                     logger.exception("policy run failed; next run in %.0f s", interval_s)
                 if timed:
