@@ -259,8 +259,18 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
         rec.event("bench_done", of_run=True, **done)
     if "logs_complete" not in reported:
         rec.logs_complete([source] + [t[0] for t in run.get("tails", [])])
-    if run.get("done_event") and exit_code == 0 and run["done_event"] not in reported:
-        rec.event(run["done_event"], of_run=True, exit_code=0, duration_s=round(command.duration_s, 3))
+    if run.get("done_event") and run["done_event"] not in reported:
+        # with the step's code either way: a failed step's event is its failure, sent with its lines by
+        # this agent (a second process started after it was seconds later on a loaded host)
+        phase: dict[str, Any] = {"exit_code": 1 if exit_code is None else exit_code, "duration_s": round(command.duration_s, 3)}
+        if exit_code is None:
+            phase["error"] = "the exit status was lost: the agent and the reaper were both killed"
+        if limit.fired:
+            phase["timeout"] = True
+            phase["max_duration_s"] = limit.max_duration_s
+        if result.signal:
+            phase["signal"] = result.signal
+        rec.event(run["done_event"], of_run=True, **phase)
     run["finished"] = True
     run["exit_code"] = exit_code
     for path in (command.stdout_path, command.stderr_path):

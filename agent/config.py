@@ -72,7 +72,7 @@ class AgentSettings:
     source: str = _setting(None, "source name of the command's stdout and stderr (run: benchout, wrap: setup)", commands=WRAPPING, metavar="NAME")
     grace_s: float = _setting(10.0, "after forwarding SIGTERM/SIGINT, how long the command has before SIGKILL", commands=WRAPPING, minimum=0, metavar="S")
     max_duration_s: float | None = _setting(None, "the command may run this long: then its process group gets SIGTERM (SIGKILL after --grace-s) and the run is reported as timed out; default no limit", commands=WRAPPING, minimum=0.001, metavar="S")
-    done_event: str | None = _setting(None, "event sent after the command succeeded and its lines are stored, e.g. params_done", commands=("wrap",), metavar="KIND")
+    done_event: str | None = _setting(None, "event sent with the command's exit code once its lines are stored, e.g. params_done", commands=("wrap",), metavar="KIND")
     # the benchmark
     rate_regex: str = _setting(DEFAULT_RATE_REGEX, "pattern of the rate line; its group 'rate' (or first group) is the number, last match wins", commands=BENCH, metavar="RE")
     machine_id: int | None = _setting(None, "vast.ai machine id (reported in 'registered', and a label of the GPU metrics)", env="FLEETLOG_MACHINE_ID", commands=GPU, minimum=0)

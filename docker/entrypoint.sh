@@ -101,13 +101,13 @@ agent event registered "${identity[@]}" || say "registration kept in the spool (
 fleetlog-agent tail --spool "$state_dir/self" --gpu-interval-s 0 --tail "entrypoint=$self_log" &
 self_tail_pid=$!
 
-# 2. Parameter fetch, its output as source 'setup'; params_done with its exit code either way.
+# 2. Parameter fetch, its output as source 'setup'; wrap sends params_done with its exit code either
+#    way, with its last lines (a failed fetch's params_done is the failure the rules act on).
 say "fetching proving parameters: ${params_cmd[*]}"
 fleetlog-agent wrap --spool "$state_dir/params" --source setup --done-event params_done -- "${params_cmd[@]}"
 rc=$?
 if (( rc != 0 )); then
     say "parameter fetch failed (exit $rc)"
-    agent event params_done "exit_code=$rc" || say "params_done kept in the spool"
     exit "$rc"
 fi
 

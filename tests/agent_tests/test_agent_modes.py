@@ -17,13 +17,18 @@ def test_wrap_ships_a_setup_step_and_sends_its_done_event(server_process, agent)
     assert api.instance("C.10")["logs"]["setup"]["complete"]
 
 
-def test_wrap_of_a_failing_step_sends_no_done_event_and_keeps_its_code(server_process, agent):
+def test_wrap_of_a_failing_step_sends_its_done_event_with_its_code(server_process, agent):
+    # the failure is the event the rules act on: sent by this agent after its lines, not by a second
+    # process the entrypoint starts later (seconds on a loaded host, or never if it is killed first)
     server = server_process().start()
     done = agent("wrap", server.url, "C.11", "--done-event", "params_done", command=["sh", "-c", "echo 'curl: (28) Operation timed out' >&2; exit 3"]).run()
     assert done.returncode == 3
     api = Api(server.url)
-    assert [e["kind"] for e in api.instance("C.11")["events"]] == ["logs_complete"]
+    assert [e["kind"] for e in api.instance("C.11")["events"]] == ["logs_complete", "params_done"]
+    (params_done,) = api.events("C.11", "params_done")
+    assert params_done["exit_code"] == 3 and "timeout" not in params_done
     assert_exactly_once(api, "C.11", "setup", ["curl: (28) Operation timed out"])
+    assert api.instance("C.11")["failure_line"] == "params_done exit code 3"
 
 
 def test_event_is_delivered_with_its_fields(server_process, agent):

@@ -63,12 +63,14 @@ def test_a_command_that_exits_0_on_the_timeout_still_fails(server_process, agent
     assert "stopping cleanly" in [line for _r, _s, line in api.lines("C.51", "benchout")]
 
 
-def test_wrap_past_max_duration_fails_without_its_done_event(server_process, agent):
+def test_wrap_past_max_duration_sends_its_done_event_as_a_timeout(server_process, agent):
     server = server_process().start()
     api = Api(server.url)
     done = agent("wrap", server.url, "C.52", "--max-duration", "1", "--grace", "1", "--done-event", "params_done", command=["sh", "-c", TICKER]).run(timeout_s=60)
     assert done.returncode == 128 + signal.SIGTERM
-    assert [e["kind"] for e in api.instance("C.52")["events"]] == ["logs_complete"]
+    assert [e["kind"] for e in api.instance("C.52")["events"]] == ["logs_complete", "params_done"]
+    (params_done,) = api.events("C.52", "params_done")
+    assert (params_done["exit_code"], params_done["timeout"], params_done["max_duration_s"]) == (128 + signal.SIGTERM, True, 1)
     lines = [line for _r, _s, line in api.lines("C.52", "setup")]
     assert any("timed out after 1 s" in line for line in lines)
 
