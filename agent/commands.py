@@ -262,7 +262,8 @@ async def _complete(rec: Recorder, run: dict, command: Command, signals: Signals
     if run.get("done_event") and run["done_event"] not in reported:
         # with the step's code either way: a failed step's event is its failure, sent with its lines by
         # this agent (a second process started after it was seconds later on a loaded host)
-        phase: dict[str, Any] = {"exit_code": 1 if exit_code is None else exit_code, "duration_s": round(command.duration_s, 3)}
+        phase: dict[str, Any] = {"exit_code": 1 if exit_code is None else exit_code, "duration_s": round(command.duration_s, 3),
+                                 "run_id": run["run_id"]}  # its evidence: this run's streams (migration 021)
         if exit_code is None:
             phase["error"] = "the exit status was lost: the agent and the reaper were both killed"
         if limit.fired:

@@ -82,12 +82,15 @@ async def log_push(client, instance_id: str, source: str, lines: list[str]) -> N
     assert r.status == 200, (r.status, await r.text())
 
 
-async def params_failure(client, instance_id: str, machine_id: int, *, at: dt.datetime, exit_code: int = 2) -> None:
-    """registered -> params_done with a non-zero exit code (the ~56 GiB parameter fetch failed)."""
+async def params_failure(client, instance_id: str, machine_id: int, *, at: dt.datetime, exit_code: int = 2,
+                         run_id: str | None = None) -> None:
+    """registered -> params_done with a non-zero exit code (the ~56 GiB parameter fetch failed);
+    ``run_id``: the wrap run that sent it, as the agent does."""
     await post(client, "/api/v1/events", [
         {"instance_id": instance_id, "kind": "registered", "ts": iso(at - dt.timedelta(minutes=4)),
          "machine_id": machine_id, "host_id": machine_id * 10, "gpu_model": "RTX 3090", "gpu_count": 1, "dph": 0.3},
-        {"instance_id": instance_id, "kind": "params_done", "ts": iso(at), "exit_code": exit_code},
+        {"instance_id": instance_id, "kind": "params_done", "ts": iso(at), "exit_code": exit_code,
+         **({"run_id": run_id} if run_id else {})},
     ])
 
 

@@ -346,6 +346,28 @@ async def test_failed_parameter_fetch_fails_the_instance_and_proposes_a_destroy(
     assert rows(client, "SELECT count(*) FROM decisions WHERE action = 'exclude_host'") == [(0,)]
 
 
+async def test_failed_fetch_waits_for_its_own_run_logs_not_the_entrypoints(aiohttp_client, policy_settings):
+    # wrap's params_done names its run (as bench_started does): its evidence is that run's streams. The
+    # entrypoint's own log stays open until the container stops; waiting for it made a failed fetch's
+    # destroy wait out the grace period (the fleet sim: 5 s after the fetch's logs were complete)
+    client = await aiohttp_client(create_app(policy_settings))
+    at = utcnow() - dt.timedelta(seconds=30)
+    await params_failure(client, "C.pr", 781, at=at, exit_code=3, run_id="20261202T163000Z-aa01")
+    await post(client, "/api/v1/logs", {"instance_id": "C.pr", "source": "entrypoint", "run_id": "20261202T162900Z-0e01",
+                                        "lines": [{"seq": 0, "ts": iso(at), "line": "fetching proving parameters"}]})
+    await post(client, "/api/v1/logs", {"instance_id": "C.pr", "source": "setup", "run_id": "20261202T163000Z-aa01",
+                                        "lines": [{"seq": 0, "ts": iso(at), "line": "curl: (28) Operation timed out"}]})
+    await run_policies(client)
+    assert rows(client, "SELECT count(*) FROM decisions WHERE action = 'destroy'") == [(0,)]  # its run not complete yet
+    await post(client, "/api/v1/events", {"instance_id": "C.pr", "kind": "logs_complete", "ts": iso(at),
+                                           "run_id": "20261202T163000Z-aa01", "sources": {"setup": 0}})
+    await run_policies(client)
+    [(evidence,)] = rows(client, "SELECT evidence FROM decisions WHERE action = 'destroy'")
+    evidence = orjson.loads(evidence)
+    assert (evidence["phase"], evidence["waited_for"]) == ("params", "logs_complete")
+    assert rows(client, "SELECT logs_complete, evidence_complete FROM instance_phase WHERE instance_id = 'C.pr'") == [(False, True)]
+
+
 async def test_params_done_exit_code_must_be_an_integer(aiohttp_client, policy_settings):
     client = await aiohttp_client(create_app(policy_settings))
     r = await client.post("/api/v1/events", data=orjson.dumps(

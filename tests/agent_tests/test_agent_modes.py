@@ -27,6 +27,8 @@ def test_wrap_of_a_failing_step_sends_its_done_event_with_its_code(server_proces
     assert [e["kind"] for e in api.instance("C.11")["events"]] == ["logs_complete", "params_done"]
     (params_done,) = api.events("C.11", "params_done")
     assert params_done["exit_code"] == 3 and "timeout" not in params_done
+    (logs_complete,) = api.events("C.11", "logs_complete")
+    assert params_done["run_id"] == logs_complete["run_id"]  # the run whose streams are its evidence
     assert_exactly_once(api, "C.11", "setup", ["curl: (28) Operation timed out"])
     assert api.instance("C.11")["failure_line"] == "params_done exit code 3"
 

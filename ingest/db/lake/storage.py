@@ -68,10 +68,10 @@ SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id
 # The migrations (ingest/db/migrations/) whose tables PG_DDL and the lake hold; the lake's tables (logs,
 # metrics) and the views are created from the files themselves (``_lake_tables``, ``_migration_views``). A new migration must be folded in here too (open_lake refuses to start
 # otherwise, so the two modes cannot drift apart silently).
-# 10, 15, 16, 17 and 18 only (re)define views (17 a macro too); 14 and 20 (log_blocks, the search's token filter) have no lake
+# 10, 15, 16, 17, 18 and 21 only (re)define views (17 a macro too); 14 and 20 (log_blocks, the search's token filter) have no lake
 # table: the lake keeps no blocks and its searches scan the window (docs/scale-out.md). 19's table (log_stream_lines, what is
 # stored of each log stream, kept by the file's writer) is a view here that counts the lake's lines (LAKE_STREAM_LINES), as 010 did.
-LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20})
+LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21})
 LAKE_STREAM_LINES = f"""CREATE OR REPLACE VIEW memory.main.log_stream_lines AS
 SELECT {store.STREAM_FIGURES_SQL}, max(received_at) AS last_received_at
 FROM {LAKE}.main.logs GROUP BY ALL"""
