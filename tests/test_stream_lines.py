@@ -113,3 +113,79 @@ def test_migration_counts_the_lines_stored_before_it(tmp_path):
         assert len(con.execute(KEPT).fetchall()) == 3
     finally:
         con.close()
+
+
+# -- what logs_complete events declared (log_stream_declared, migration 022) --------------------------
+DECLARED = "SELECT instance_id, run_id, source, declared_last_seq, dropped FROM log_stream_declared ORDER BY ALL"
+FROM_EVENTS = f"SELECT * FROM ({store.STREAM_DECLARATIONS_SQL.format(events='events')}) ORDER BY ALL"
+
+
+def test_log_streams_reads_no_event_body(tmp_path):
+    """The streams' declarations are kept by the writer: no read of every logs_complete body (json_each)."""
+    con = store.open_database(tmp_path / "f.duckdb")
+    try:
+        plan = orjson.loads(con.execute("EXPLAIN (FORMAT json) SELECT * FROM log_streams").fetchall()[0][1])
+        scanned = set().union(*(_tables_scanned(p) for p in plan))
+        assert scanned == {"log_stream_lines", "log_stream_declared"}, sorted(scanned)
+    finally:
+        con.close()
+
+
+async def _complete(client, instance_id, ts, sources, run_id=None, dropped=None):
+    body = {"instance_id": instance_id, "kind": "logs_complete", "ts": ts, "sources": sources}
+    if run_id:
+        body["run_id"] = run_id
+    if dropped:
+        body["dropped"] = dropped
+    r = await client.post("/api/v1/events", data=orjson.dumps(body))
+    assert r.status == 200, await r.text()
+
+
+async def test_declarations_kept_are_what_the_stored_events_declare(make_client):
+    client = await make_client()
+    await _push(client, "C.1", "benchout", range(0, 3), run_id="r1")
+    await _complete(client, "C.1", 10.0, {"benchout": 1}, run_id="r1")  # an early, lower declaration
+    await _complete(client, "C.1", 11.0, {"benchout": 2, "benchdaemon": -1}, run_id="r1")
+    await _complete(client, "C.1", 11.0, {"benchout": 2, "benchdaemon": -1}, run_id="r1")  # resent: a duplicate
+    await asyncio.gather(*(_complete(client, "C.2", 20.0 + i, {"setup": i}, dropped={"setup": i % 2}) for i in range(6)))
+    await _complete(client, "C.3", 30.0, {"entrypoint": 4}, dropped={"other": 2})  # dropped of a source not declared
+    await client.writer.flush()
+    assert rows(client, DECLARED) == rows(client, FROM_EVENTS)
+    assert rows(client, DECLARED) == [
+        ("C.1", "r1", "benchdaemon", -1, None), ("C.1", "r1", "benchout", 2, None), ("C.2", "0", "setup", 5, 1),
+        ("C.3", "0", "entrypoint", 4, None), ("C.3", "0", "other", None, 2)]
+    streams = {(r[0], r[1], r[2]): r[3:] for r in rows(client, "SELECT instance_id, run_id, source, complete, why_incomplete FROM log_streams")}
+    assert streams[("C.1", "r1", "benchout")] == (True, None)
+    assert streams[("C.2", "0", "setup")] == (False, "lines dropped by the agent")
+    assert streams[("C.3", "0", "other")] == (False, "no logs_complete")
+
+
+async def test_an_admins_delete_of_a_logs_complete_counts_the_declarations_again(make_client):
+    client = await make_client()
+    await _push(client, "C.1", "benchout", range(0, 3))
+    await _complete(client, "C.1", 10.0, {"benchout": 2})
+    await _complete(client, "C.1", 11.0, {"benchout": 9})  # a wrong one, removed by an admin below
+    await _complete(client, "C.2", 12.0, {"benchout": 0})
+    await client.writer.flush()
+    await client.writer.execute(lambda con: store.delete_event(con, "C.1", "logs_complete", 11_000_000), kind="delete_event")
+    assert rows(client, DECLARED) == rows(client, FROM_EVENTS) == [("C.1", "0", "benchout", 2, None), ("C.2", "0", "benchout", 0, None)]
+    assert rows(client, "SELECT complete FROM log_streams WHERE instance_id = 'C.1'") == [(True,)]
+
+
+def test_migration_keeps_the_declarations_of_events_stored_before_it(tmp_path):
+    con = duckdb.connect(str(tmp_path / "f.duckdb"))  # not open_database: it applies every migration
+    try:
+        store.migrate(con, [m for m in store.migrations() if m[0] < 22])
+        bodies = ['{"sources": {"benchout": 3}, "run_id": "r1"}', '{"sources": {"benchout": 5}, "run_id": "r1"}',
+                  '{"sources": {"benchout": "not a number"}, "dropped": {"benchout": "x"}}',  # stored by an older server
+                  '{"sources": [1, 2]}', '{"sources": {"setup": 9223372036854775808}}']
+        for i, body in enumerate(bodies):
+            con.execute("INSERT INTO events VALUES ('C.' || ?::VARCHAR, 'logs_complete', TIMESTAMP '2026-12-01' + to_seconds(?), "
+                        "TIMESTAMP '2026-12-01', ?)", [i // 2, i, body])
+        before = con.execute(f"SELECT * FROM log_streams ORDER BY ALL").fetchall()
+        store.migrate(con)
+        assert con.execute(DECLARED).fetchall() == con.execute(FROM_EVENTS).fetchall() == [
+            ("C.0", "r1", "benchout", 5, None), ("C.1", "0", "benchout", None, 1), ("C.2", "0", "setup", None, None)]
+        assert con.execute("SELECT * FROM log_streams ORDER BY ALL").fetchall() == before  # the same streams, the same figures
+    finally:
+        con.close()

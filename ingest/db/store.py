@@ -288,6 +288,54 @@ ON CONFLICT (instance_id, source, run_id) DO UPDATE SET
 """
 
 
+# What logs_complete events declared of each stream (log_stream_declared, migration 022), from the events
+# of ``{events}`` (instance_id, kind, body): the highest last seq declared (a value that is not a BIGINT
+# declares nothing) and the highest count of lines dropped (one that is not a BIGINT counts as 1). Read
+# by the writer (a commit's new events), by an admin's delete of an event (the instance's stored
+# events again) and by the lake's view (every stored event).
+STREAM_DECLARATIONS_SQL = """
+WITH declarations AS (
+    SELECT instance_id, coalesce(json_extract_string(body, '$.run_id'), '0') AS run_id, body
+    FROM {events} WHERE kind = 'logs_complete'
+),
+declared AS (
+    SELECT d.instance_id, d.run_id, j.key AS source, max(TRY_CAST(j.value AS BIGINT)) AS declared_last_seq
+    FROM declarations d, json_each(d.body, '$.sources') AS j
+    WHERE json_type(d.body, '$.sources') = 'OBJECT'
+    GROUP BY ALL
+),
+dropped AS (
+    SELECT d.instance_id, d.run_id, j.key AS source,
+           max(coalesce(TRY_CAST(json_extract_string(j.value, '$') AS BIGINT), 1)) AS dropped
+    FROM declarations d, json_each(d.body, '$.dropped') AS j
+    WHERE json_type(d.body, '$.dropped') = 'OBJECT'
+    GROUP BY ALL
+)
+SELECT instance_id, run_id, source, declared.declared_last_seq, dropped.dropped
+FROM declared FULL JOIN dropped USING (instance_id, run_id, source)"""
+# A commit's declarations added to what is kept: each figure is the highest declared (greatest skips NULL)
+_ADD_STREAM_DECLARATIONS_SQL = f"""
+INSERT INTO log_stream_declared {STREAM_DECLARATIONS_SQL.format(events="_declared_batch")}
+ON CONFLICT (instance_id, run_id, source) DO UPDATE SET
+    declared_last_seq = greatest(declared_last_seq, excluded.declared_last_seq),
+    dropped = greatest(dropped, excluded.dropped)
+"""
+
+
+def _add_stream_declarations(con: duckdb.DuckDBPyConnection, events: list[Event]) -> None:
+    """The new logs_complete events' declarations into log_stream_declared (migration 022)."""
+    if not events:
+        return
+    table = pa.table({"instance_id": pa.array([e.instance_id for e in events], pa.string()),
+                      "kind": pa.array([e.kind for e in events], pa.string()),
+                      "body": pa.array([orjson.dumps(e.body).decode() for e in events], pa.string())})
+    con.register("_declared_batch", table)
+    try:
+        con.execute(_ADD_STREAM_DECLARATIONS_SQL)
+    finally:
+        con.unregister("_declared_batch")
+
+
 def _insert_logs(con: duckdb.DuckDBPyConnection, logs: LogColumns, received_us: int, stream_lines: bool = True) -> None:
     table = pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA)
     con.from_arrow(table).project(LOG_COLUMNS_SQL.format(received_us=int(received_us))).insert_into("logs")
@@ -369,6 +417,7 @@ def _write_events(con: duckdb.DuckDBPyConnection, events: list[Event], received_
     new_events = [e for e, is_new in zip(events, fresh) if is_new]
     _apply_registered(con, [e for e in new_events if e.kind == "registered"])
     _apply_bench(con, [e for e in new_events if e.kind in ("bench_started", "bench_done")], received_us)
+    _add_stream_declarations(con, [e for e in new_events if e.kind == "logs_complete"])
     return fresh
 
 
@@ -465,13 +514,23 @@ def _apply_bench(con: duckdb.DuckDBPyConnection, events: list[Event], received_u
 _ONE_EVENT = "instance_id = ? AND kind = ? AND ts = make_timestamp(?::BIGINT)"
 
 
-def delete_event(con: duckdb.DuckDBPyConnection, instance_id: str, kind: str, ts_us: int) -> int:
+def delete_event(con: duckdb.DuckDBPyConnection, instance_id: str, kind: str, ts_us: int, declarations: bool = True) -> int:
     """The writer's ``delete_event``: remove one stored event (its key is (instance_id, kind, ts)), e.g.
     one that broke a rule; returns how many rows went, 0 or 1. Counted first: PostgreSQL through DuckDB
     (lake mode) has no RETURNING. What the event already wrote into ``instances`` or ``bench_runs``
-    stays; the views, which read ``events``, no longer see it."""
+    stays; the views, which read ``events``, no longer see it, and a logs_complete's declarations are
+    counted again from the instance's other events (``declarations``: file mode; the lake's are a view)."""
     params = [instance_id, kind, ts_us]
     (found,) = con.execute(f"SELECT count(*) FROM events WHERE {_ONE_EVENT}", params).fetchone()
     if found:
         con.execute(f"DELETE FROM events WHERE {_ONE_EVENT}", params)
+        if kind == "logs_complete" and declarations:  # what the instance's remaining events declare (022)
+            recount_stream_declarations(con, [instance_id])
     return found
+
+
+def recount_stream_declarations(con: duckdb.DuckDBPyConnection, instance_ids: list[str]) -> None:
+    """log_stream_declared (022) of ``instance_ids`` counted again from their stored events."""
+    con.execute("DELETE FROM log_stream_declared WHERE instance_id IN (SELECT unnest($ids::VARCHAR[]))", {"ids": instance_ids})
+    own = "(SELECT instance_id, kind, body FROM events WHERE instance_id IN (SELECT unnest($ids::VARCHAR[])))"
+    con.execute(f"INSERT INTO log_stream_declared {STREAM_DECLARATIONS_SQL.format(events=own)}", {"ids": instance_ids})

@@ -12,7 +12,7 @@ from ingest.db import store
 from ingest.auth import ADMIN, requires
 from ingest.errors import BadRequest, NotFound
 from ingest.web.http import int_param, json_response
-from ingest.web.keys import CORE, DB
+from ingest.web.keys import CORE, DB, SETTINGS
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ async def delete_event(request: web.Request) -> web.Response:
     if ts_us is None:
         raise BadRequest("ts_us: required")
     deleted = await request.app[CORE].writer.execute(
-        functools.partial(store.delete_event, instance_id=instance_id, kind=kind, ts_us=ts_us), kind="delete_event")
+        functools.partial(store.delete_event, instance_id=instance_id, kind=kind, ts_us=ts_us,
+                          declarations=not request.app[SETTINGS].lake), kind="delete_event")  # the lake's are a view
     if not deleted:
         raise NotFound(f"no {kind!r} event of instance {instance_id!r} at ts_us {ts_us}"[:300])
     logger.warning("admin deleted the %s event of %s at ts_us %d", kind, instance_id, ts_us)

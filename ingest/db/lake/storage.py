@@ -71,10 +71,14 @@ SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id
 # 10, 15, 16, 17, 18 and 21 only (re)define views (17 a macro too); 14 and 20 (log_blocks, the search's token filter) have no lake
 # table: the lake keeps no blocks and its searches scan the window (docs/scale-out.md). 19's table (log_stream_lines, what is
 # stored of each log stream, kept by the file's writer) is a view here that counts the lake's lines (LAKE_STREAM_LINES), as 010 did.
-LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21})
+LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22})
 LAKE_STREAM_LINES = f"""CREATE OR REPLACE VIEW memory.main.log_stream_lines AS
 SELECT {store.STREAM_FIGURES_SQL}, max(received_at) AS last_received_at
 FROM {LAKE}.main.logs GROUP BY ALL"""
+# 22's table (log_stream_declared, what logs_complete events declared of each stream) is a view here
+# over the stored events, as 019's log_streams read them.
+LAKE_STREAM_DECLARED = ("CREATE OR REPLACE VIEW memory.main.log_stream_declared AS"
+                        + store.STREAM_DECLARATIONS_SQL.format(events=f"{PG}.public.events"))
 
 # Native PostgreSQL DDL of the keyed tables (migrations 001-005 folded, JSON kept as text: DuckDB sees both as VARCHAR and casts one way only; bench_runs carries its own
 # ``rowid`` column, which DuckDB's postgres scanner does not provide, so the writer's run matching
@@ -124,7 +128,7 @@ ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS run_id text;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS started_received_at timestamp;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS done_received_at timestamp;
 INSERT INTO schema_migrations (version, name)
-    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes'), (19, 'log_stream_lines'), (20, 'block_received')
+    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes'), (19, 'log_stream_lines'), (20, 'block_received'), (21, 'params_run'), (22, 'log_stream_declared')
     ON CONFLICT DO NOTHING;
 """
 
@@ -290,6 +294,7 @@ def _create_schema(con: duckdb.DuckDBPyConnection, migrations: list[tuple[int, s
     for name in PG_TABLES:
         con.execute(f"CREATE OR REPLACE VIEW memory.main.{name} AS SELECT * FROM {PG}.public.{name}")
     con.execute(LAKE_STREAM_LINES)
+    con.execute(LAKE_STREAM_DECLARED)
     for view in views:
         con.execute(view)
 
