@@ -50,6 +50,7 @@ bench: $(TEST_STAMP)
 	$(BIN)/python bench/failure_class.py
 	$(BIN)/python bench/page_triage.py
 	$(BIN)/python bench/instances_api.py
+	$(BIN)/python bench/policy_fast_run.py
 	$(BIN)/python bench/fleet_sim.py
 	$(BIN)/python bench/vs_victorialogs.py
 
