@@ -322,14 +322,11 @@ ON CONFLICT (instance_id, run_id, source) DO UPDATE SET
 """
 
 
-def _add_stream_declarations(con: duckdb.DuckDBPyConnection, events: list[Event]) -> None:
-    """The new logs_complete events' declarations into log_stream_declared (migration 022)."""
-    if not events:
+def _add_stream_declarations(con: duckdb.DuckDBPyConnection, events: pa.Table) -> None:
+    """The new logs_complete events (rows of the batch's events table) into log_stream_declared (022)."""
+    if not len(events):
         return
-    table = pa.table({"instance_id": pa.array([e.instance_id for e in events], pa.string()),
-                      "kind": pa.array([e.kind for e in events], pa.string()),
-                      "body": pa.array([orjson.dumps(e.body).decode() for e in events], pa.string())})
-    con.register("_declared_batch", table)
+    con.register("_declared_batch", events)
     try:
         con.execute(_ADD_STREAM_DECLARATIONS_SQL)
     finally:
@@ -417,7 +414,8 @@ def _write_events(con: duckdb.DuckDBPyConnection, events: list[Event], received_
     new_events = [e for e, is_new in zip(events, fresh) if is_new]
     _apply_registered(con, [e for e in new_events if e.kind == "registered"])
     _apply_bench(con, [e for e in new_events if e.kind in ("bench_started", "bench_done")], received_us)
-    _add_stream_declarations(con, [e for e in new_events if e.kind == "logs_complete"])
+    completes = [i for i, (e, is_new) in enumerate(zip(events, fresh)) if is_new and e.kind == "logs_complete"]
+    _add_stream_declarations(con, table.take(pa.array(completes, pa.int64())))  # the bodies serialized once, for events and this
     return fresh
 
 
