@@ -302,6 +302,80 @@ async def test_timer_counts_missed_runs(aiohttp_client, policy_settings):
     assert len(cycles) <= 4
 
 
+async def _woken_cycles(engine, cycle_s: float = 0.4):
+    """The timer started with a 30 s interval (no run but the first is timed) and runs that take
+    ``cycle_s``: [started, ended] of each run (time.monotonic()), the stop event and the timer's task."""
+    import asyncio
+    import time
+
+    cycles: list[list[float]] = []
+
+    async def slow_cycle(execute, now=None, full=True):
+        cycles.append([time.monotonic(), 0.0])
+        await asyncio.sleep(cycle_s)  # a run on a loaded host
+        cycles[-1][1] = time.monotonic()
+
+    engine.run_cycle = slow_cycle
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(engine.run_forever(30.0, False, stop))
+    return cycles, stop, task
+
+
+async def test_a_wake_up_during_a_woken_run_is_not_held_after_it(aiohttp_client, policy_settings):
+    """Evidence stored just after a woken run began is seen by the next run: that one starts as soon
+    as the first ends (the fleet sim's slowest decisions waited a whole run's length more, then their own)."""
+    import asyncio
+    import time
+
+    client = await aiohttp_client(create_app(policy_settings))
+    engine = client.app[CORE].policy
+    cycles, stop, task = await _woken_cycles(engine)
+    deadline = time.monotonic() + 30
+    while not (cycles and cycles[0][1]):  # the timer's first run, at start-up
+        assert time.monotonic() < deadline, "no run at start-up"
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.5)  # an idle spell (what is measured below starts after it)
+    engine.wake()
+    while len(cycles) < 2:
+        assert time.monotonic() < deadline, "a wake-up ran no cycle"
+        await asyncio.sleep(0.01)
+    engine.wake()  # evidence stored while the woken run runs
+    while len(cycles) < 3:
+        assert time.monotonic() < deadline, "the second wake-up ran no cycle"
+        await asyncio.sleep(0.01)
+    stop.set()
+    await task
+    first, second = cycles[1], cycles[2]
+    run_s, gap_s = first[1] - first[0], second[0] - first[1]
+    assert gap_s < run_s / 2, f"the second woken run waited {gap_s:.2f} s after a {run_s:.2f} s run"
+
+
+async def test_a_storm_of_wake_ups_gets_at_most_about_half_the_time(aiohttp_client, policy_settings):
+    """Wake-ups without pause (a fleet completing its logs all at once): woken runs take at most about
+    half of the time once a burst of two back to back is spent, so ingest and reads keep the rest."""
+    import asyncio
+    import time
+
+    client = await aiohttp_client(create_app(policy_settings))
+    engine = client.app[CORE].policy
+    cycles, stop, task = await _woken_cycles(engine, cycle_s=0.1)
+    deadline = time.monotonic() + 60
+    while not (cycles and cycles[0][1]):
+        assert time.monotonic() < deadline, "no run at start-up"
+        await asyncio.sleep(0.01)
+    while len(cycles) < 16:
+        engine.wake()
+        assert time.monotonic() < deadline, "wake-ups ran no cycles"
+        await asyncio.sleep(0.005)
+    stop.set()
+    await task
+    woken = [c for c in cycles[1:] if c[1]]
+    busy = sum(end - start for start, end in woken)
+    span = woken[-1][1] - woken[0][0]
+    assert busy / span <= 0.6, f"woken runs took {busy / span:.0%} of {span:.2f} s"
+    assert busy / span >= 0.3, f"woken runs took only {busy / span:.0%} of {span:.2f} s: held too long"
+
+
 async def test_broken_rule_stops_startup_naming_the_file(tmp_path, settings):
     queries = tmp_path / "queries"
     (queries / "policies").mkdir(parents=True)

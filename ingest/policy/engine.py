@@ -495,9 +495,12 @@ class PolicyEngine:
         """Run a cycle every ``interval_s`` until ``stop`` is set (a running cycle finishes first);
         runs missed while one ran long are counted, not replayed. A wake-up (wake()) runs a cycle
         as soon as the one running has finished, instead of at the next tick: wake-ups that arrive
-        while a cycle runs make one cycle after it, and a cycle woken right after another woken one
-        waits as long as that one took (woken cycles take at most half of the time), never past
-        the next tick. A cycle starts at least every ``interval_s`` whatever woke it. Every rule runs
+        while a cycle runs make one cycle after it. Woken cycles take at most about half of the time:
+        each one earns the time since the last woken cycle ended, up to its own length, and spends
+        its length; one that leaves a debt makes the next woken cycle wait it out (never past the next
+        tick). So evidence stored just after a woken cycle began is seen by a cycle right after it
+        (two back to back), and only a storm of wake-ups is held. A cycle starts at least every
+        ``interval_s`` whatever woke it. Every rule runs
         at most every ``full_interval_s`` (and at the first run); the runs between run what a destroy
         and the deploy gate wait for (run_cycle's ``full``), so the rules that look back over hours
         (staleness, retention, degradation, spikes) do not hold up a decision on a loaded host."""
@@ -506,6 +509,8 @@ class PolicyEngine:
         next_at = time.monotonic()
         full_at = next_at  # when the next run that runs every rule is due
         hold_until = 0.0  # after a woken cycle: the earliest a wake-up starts the next
+        credit = 0.0  # seconds of woken cycles that may still run back to back (negative: a debt)
+        woken_ended = float("-inf")  # when the last woken cycle ended
         try:
             while not stop.is_set():
                 now = time.monotonic()
@@ -541,7 +546,10 @@ class PolicyEngine:
                 else:
                     self.metrics.policy_woken.inc()
                     ended = time.monotonic()
-                    hold_until = ended + (ended - started)
+                    took = ended - started
+                    credit = min(credit + (started - woken_ended), took) - took
+                    woken_ended = ended
+                    hold_until = ended + max(0.0, -credit)
                     next_at = max(next_at, started + interval_s)
         finally:
             self._loop = self._woken = None
