@@ -487,3 +487,62 @@ async def test_a_rule_failing_in_a_full_run_stays_failing_through_the_runs_that_
     assert "stale_instances" in engine.failing_rules()  # not run is not mended
     ready = await (await client.get("/readyz")).json()
     assert "stale_instances" in json.dumps(ready)
+
+
+async def test_evidence_stored_during_a_full_runs_slow_rules_is_decided_before_the_next_one(aiohttp_client, policy_settings,
+                                                                                            tmp_path, monkeypatch):
+    """A full run's rules that look back over hours took up to 2 s on the fleet sim's loaded host; a destroy
+    whose logs completed meanwhile waited for all of them, then for a run of its own (the sim's p99,
+    2.67 s). Here a full run's staleness rule is held while the evidence is stored, and its retention rule
+    (the next one) until the destroy is carried out (at most 20 s)."""
+    import threading
+
+    from ingest.policy import engine as policy
+
+    holds = {"stale_instances": (threading.Event(), threading.Event()), "retention": (threading.Event(), threading.Event())}
+    armed = [False]
+    real = policy.evaluate_rule
+
+    def evaluate_rule(cur, name, sql, params, *, decides):
+        if armed[0] and name in holds:
+            held, release = holds[name]
+            held.set()
+            release.wait(20)  # a slow rule on a loaded host
+        return real(cur, name, sql, params, decides=decides)
+
+    async def until(what: str, condition) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.05)
+
+    monkeypatch.setattr(policy, "evaluate_rule", evaluate_rule)
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(
+        policy_settings, policy_interval_s=30.0, policy_full_interval_s=0.0, policy_execute=True, actuator_command=command)))
+    engine = client.app[CORE].policy
+    try:
+        deadline = time.monotonic() + 30
+        while await policy_runs(client) < 1:  # the timer's first run, at start-up
+            assert time.monotonic() < deadline, "no policy run at start-up"
+            await asyncio.sleep(0.05)
+        done = utcnow() - dt.timedelta(seconds=5)
+        armed[0] = True
+        await bench_instance(client, "C.fine", 903, done=done, exit_code=0, rate=40.0)
+        await complete_logs(client, "C.fine", done, {"benchout": -1})  # wakes a full run
+        await until("the woken full run never reached its staleness rule", holds["stale_instances"][0].is_set)
+        await bench_instance(client, "C.oom", 904, done=done, exit_code=1, rate=0.0)
+        await push_lines(client, "C.oom", "cuzk", ["prover thread starting", "CUDA error: out of memory"], at=done)
+        await complete_logs(client, "C.oom", done, {"cuzk": 1})
+        await until("the logs_complete stored woke nothing", engine._woken.is_set)
+        holds["stale_instances"][1].set()
+        deadline = time.monotonic() + 10
+        while not calls() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert [s for s, _ in calls()] == ["C.oom"], "the destroy waited for the full run's slow rules"
+        assert not holds["retention"][1].is_set()  # carried out before the full run's next rule ended
+    finally:
+        for _, release in holds.values():
+            release.set()
+    await until("the full run never ended", lambda: not engine._lock.locked())
+    assert not engine.failing, engine.failing

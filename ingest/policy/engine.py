@@ -192,36 +192,16 @@ class PolicyEngine:
             report = CycleReport(execute, full)
             try:
                 params = self.params.values(now)
-                for rule in self.rules:
-                    if rule.output == "classify":
-                        rows = await asyncio.to_thread(self._classify, rule, params, report.rule_errors)
-                        if rows:
-                            classified_at = utcnow()
-                            await self.writer.execute(functools.partial(writes.store_classes, rows=rows, now=classified_at),
-                                                      kind="policy")
-                        report.classified += len(rows)
-                        scanned = sum(row[7] or 0 for row in rows if len(row) > 7)
-                        report.class_lines_scanned += scanned
-                        self.metrics.policy_class_lines.inc(scanned)
+                evaluated_at: dict[str, float] = {}  # rule -> when its evaluation began (time.monotonic())
+                acting, rest = self._phases(full)
                 # the rules that decide destroys (and those they read) first, and their destroys carried out at
                 # once: a destroy does not wait for the other rules (hosts, staleness, retention, spikes)
-                evaluated_at: dict[str, float] = {}  # rule -> when its evaluation began (time.monotonic())
-                done: set[str] = set()
-                acting, rest = self._phases(full)
-                for only, actions in ((acting, {"destroy"}), (rest, {"delete_logs"} if full else set())):
-                    decided = await asyncio.to_thread(self._evaluate, params, report.rule_errors, only, evaluated_at)
-                    decided = [(rule, row) for rule, row in decided if rule.name not in done]  # decided once a cycle
-                    done |= only
-                    decided_at = utcnow()  # the rules have run: whatever they read was stored before this
-                    new, updated = await self.writer.execute(
-                        functools.partial(writes.store_decisions, decided=decided, now=decided_at), kind="policy")
-                    report.new_decisions += new
-                    report.updated += updated
-                    if new and self.notifier.enabled:
-                        for decision in await asyncio.to_thread(self._decisions, new):
-                            self.notifier.send("alert" if decision["action"] == "alert" else decision["state"], decision)
-                    if execute and actions:
-                        await self._carry_out(report, now, (evaluated_at, decided), actions)
+                await self._act(report, params, acting, execute, now, evaluated_at)
+                # the others, one rule at a time: evidence stored meanwhile (a wake-up) is decided on between two
+                # of them, not after the slowest rules of a full run (see _between)
+                decided = await self._evaluate_stepwise(params, report, rest, evaluated_at, execute)
+                decided = [(rule, row) for rule, row in decided if rule.name not in acting]  # decided once a run
+                await self._store(report, decided, {"delete_logs"} if full else set(), execute, now, evaluated_at)
                 self._note_health(report.rule_errors, set(evaluated_at) | {r.name for r in self.rules if r.output == "classify"})
             except Exception:
                 self.metrics.policy_runs.labels(result="error").inc()
@@ -231,6 +211,68 @@ class PolicyEngine:
             if report.new_decisions or report.executed or report.failed or report.superseded or report.rule_errors:
                 logger.info("policy run: %s", report.as_dict())
             return report
+
+    async def _classify_all(self, report: CycleReport, params: dict[str, Any]) -> None:
+        """The class rules, their classes stored through the writer."""
+        for rule in self.rules:
+            if rule.output == "classify":
+                rows = await asyncio.to_thread(self._classify, rule, params, report.rule_errors)
+                if rows:
+                    classified_at = utcnow()
+                    await self.writer.execute(functools.partial(writes.store_classes, rows=rows, now=classified_at),
+                                              kind="policy")
+                report.classified += len(rows)
+                scanned = sum(row[7] or 0 for row in rows if len(row) > 7)
+                report.class_lines_scanned += scanned
+                self.metrics.policy_class_lines.inc(scanned)
+
+    async def _act(self, report: CycleReport, params: dict[str, Any], acting: set[str], execute: bool,
+                   now: dt.datetime, evaluated_at: dict[str, float]) -> None:
+        """The failure class, then the rules that decide destroys (``acting``), their decisions stored and
+        their destroys carried out."""
+        await self._classify_all(report, params)
+        decided = await asyncio.to_thread(self._evaluate, params, report.rule_errors, acting, evaluated_at)
+        await self._store(report, decided, {"destroy"}, execute, now, evaluated_at)
+
+    async def _store(self, report: CycleReport, decided: list[tuple[Rule, tuple]], actions: set[str], execute: bool,
+                     now: dt.datetime, evaluated_at: dict[str, float]) -> None:
+        decided_at = utcnow()  # the rules have run: whatever they read was stored before this
+        new, updated = await self.writer.execute(
+            functools.partial(writes.store_decisions, decided=decided, now=decided_at), kind="policy")
+        report.new_decisions += new
+        report.updated += updated
+        if new and self.notifier.enabled:
+            for decision in await asyncio.to_thread(self._decisions, new):
+                self.notifier.send("alert" if decision["action"] == "alert" else decision["state"], decision)
+        if execute and actions:
+            await self._carry_out(report, now, (evaluated_at, decided), actions)
+
+    async def _evaluate_stepwise(self, params: dict[str, Any], report: CycleReport, only: set[str],
+                                 evaluated_at: dict[str, float], execute: bool) -> list[tuple[Rule, tuple]]:
+        """_evaluate, a rule at a time off the event loop on one cursor (a rule reads the earlier ones'
+        tables), with _between before each rule."""
+        decided: list[tuple[Rule, tuple]] = []
+        with self.con.deadline_cursor(self._budget_s()) as cur:
+            for rule in self.rules:
+                if rule.output == "classify" or rule.name not in only:
+                    continue
+                await self._between(report, execute)
+                decided += await asyncio.to_thread(self._evaluate_one, rule, cur, params, report.rule_errors, evaluated_at)
+        return decided
+
+    async def _between(self, report: CycleReport, execute: bool) -> None:
+        """Between two rules of a run's second evaluation: if evidence was stored since the run began (a
+        wake-up from run_forever), the class and the destroy rules run on it first, with what it is now (a
+        full run's slowest rules took up to 2 s on a loaded host, and a destroy waited for them and then a
+        run of its own). Their tables are their own cursor's: the evaluation that pauses keeps its own."""
+        woken = self._woken
+        if woken is None or not woken.is_set():
+            return
+        woken.clear()
+        self.metrics.policy_woken.inc()
+        now = utcnow()
+        acting, _ = self._phases(False)
+        await self._act(report, self.params.values(now), acting, execute, now, {})
 
     def _run_rule(self, rule: Rule, cur: Any, run: Callable[[], Any], errors: dict[str, str]) -> Any:
         """``run()`` under the rule's own deadline; a timeout or a failure is counted, noted in
@@ -272,17 +314,23 @@ class PolicyEngine:
             for rule in self.rules:
                 if rule.output == "classify" or (only is not None and rule.name not in only):
                     continue
-                started[rule.name] = time.monotonic()
-
-                def run(rule: Rule = rule) -> list[tuple]:
-                    return evaluate_rule(cur, rule.name, rule.sql, {p: params[p] for p in rule.params},
-                                         decides=rule.output == "decisions")
-
-                rows = self._run_rule(rule, cur, run, errors)
-                if rows is not None:
-                    errors.pop(rule.name, None)
-                    decided.extend((rule, row) for row in rows)
+                decided += self._evaluate_one(rule, cur, params, errors, started)
         return decided
+
+    def _evaluate_one(self, rule: Rule, cur: Any, params: dict[str, Any], errors: dict[str, str],
+                      started: dict[str, float]) -> list[tuple[Rule, tuple]]:
+        """One rule of an evaluation on its cursor: its decisions, if it decides."""
+        started[rule.name] = time.monotonic()
+
+        def run() -> list[tuple]:
+            return evaluate_rule(cur, rule.name, rule.sql, {p: params[p] for p in rule.params},
+                                 decides=rule.output == "decisions")
+
+        rows = self._run_rule(rule, cur, run, errors)
+        if rows is None:
+            return []
+        errors.pop(rule.name, None)
+        return [(rule, row) for row in rows]
 
     def _phases(self, full: bool = True) -> tuple[set[str], set[str]]:
         """A run's two evaluations: the rules that decide destroys and those they read, then the others
