@@ -197,9 +197,9 @@ class PolicyEngine:
                 # the rules that decide destroys (and those they read) first, and their destroys carried out at
                 # once: a destroy does not wait for the other rules (hosts, staleness, retention, spikes)
                 await self._act(report, params, acting, execute, now, evaluated_at)
-                # the others, one rule at a time: evidence stored meanwhile (a wake-up) is decided on between two
-                # of them, not after the slowest rules of a full run (see _between)
-                decided = await self._evaluate_stepwise(params, report, rest, evaluated_at, execute)
+                # the others; in a full run one rule at a time, and evidence stored meanwhile (a wake-up) is decided
+                # on once, between two of them, not after the slowest rules (see _between)
+                decided = await self._evaluate_stepwise(params, report, rest, evaluated_at, execute, pause=full)
                 decided = [(rule, row) for rule, row in decided if rule.name not in acting]  # decided once a run
                 await self._store(report, decided, {"delete_logs"} if full else set(), execute, now, evaluated_at)
                 self._note_health(report.rule_errors, set(evaluated_at) | {r.name for r in self.rules if r.output == "classify"})
@@ -248,31 +248,44 @@ class PolicyEngine:
             await self._carry_out(report, now, (evaluated_at, decided), actions)
 
     async def _evaluate_stepwise(self, params: dict[str, Any], report: CycleReport, only: set[str],
-                                 evaluated_at: dict[str, float], execute: bool) -> list[tuple[Rule, tuple]]:
-        """_evaluate, a rule at a time off the event loop on one cursor (a rule reads the earlier ones'
-        tables), with _between before each rule."""
+                                 evaluated_at: dict[str, float], execute: bool, pause: bool) -> list[tuple[Rule, tuple]]:
+        """_evaluate off the event loop; with ``pause``, a rule at a time on one cursor (a rule reads the
+        earlier ones' tables), and before each rule _between, as long as the pauses take no more time than the
+        rules between them (a pause waits until the rules since the last one have run as long as it did)."""
+        if not pause:
+            return await asyncio.to_thread(self._evaluate, params, report.rule_errors, only, evaluated_at)
         decided: list[tuple[Rule, tuple]] = []
+        paused_s = rules_s = 0.0  # the last pause's length; the rules' seconds since it
         with self.con.deadline_cursor(self._budget_s()) as cur:
             for rule in self.rules:
                 if rule.output == "classify" or rule.name not in only:
                     continue
-                await self._between(report, execute)
+                if rules_s >= paused_s:
+                    started = time.monotonic()
+                    if await self._between(report, execute):
+                        paused_s, rules_s = time.monotonic() - started, 0.0
+                started = time.monotonic()
                 decided += await asyncio.to_thread(self._evaluate_one, rule, cur, params, report.rule_errors, evaluated_at)
+                rules_s += time.monotonic() - started
         return decided
 
-    async def _between(self, report: CycleReport, execute: bool) -> None:
+    async def _between(self, report: CycleReport, execute: bool) -> bool:
         """Between two rules of a run's second evaluation: if evidence was stored since the run began (a
         wake-up from run_forever), the class and the destroy rules run on it first, with what it is now (a
         full run's slowest rules took up to 2 s on a loaded host, and a destroy waited for them and then a
-        run of its own). Their tables are their own cursor's: the evaluation that pauses keeps its own."""
+        run of its own). Their tables are their own cursor's: the evaluation that pauses keeps its own.
+        In full runs only (every ``full_interval_s``), and at most about half of their time (see
+        _evaluate_stepwise): the wake-ups' own runs are held to about half of the time by run_forever, and
+        pauses in every run would escape that. True if it ran."""
         woken = self._woken
         if woken is None or not woken.is_set():
-            return
+            return False
         woken.clear()
         self.metrics.policy_woken.inc()
         now = utcnow()
         acting, _ = self._phases(False)
         await self._act(report, self.params.values(now), acting, execute, now, {})
+        return True
 
     def _run_rule(self, rule: Rule, cur: Any, run: Callable[[], Any], errors: dict[str, str]) -> Any:
         """``run()`` under the rule's own deadline; a timeout or a failure is counted, noted in
