@@ -36,6 +36,7 @@ test: test-deps
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/ingest_throughput.py
+	$(BIN)/python bench/commit_statements.py
 	$(BIN)/python bench/tail_latency.py
 	$(BIN)/python bench/agent_cost.py
 	$(BIN)/python bench/gpu_sampling.py

@@ -105,6 +105,10 @@ def test_disk_full_refuses_503_then_recovers_without_restart(small_disk, server_
     stored = dict(rows)
     assert all(stored.get(s) == 1 for s in acked), "an acknowledged line is missing or stored twice"
     assert max(stored.values()) == 1
+    # what the writer keeps of the stream (log_stream_lines, 019: the completeness the destroy rule waits
+    # for) is what is stored, though a commit failed on the full disk in the middle
+    kept = read_db(str(db), "SELECT lines, first_seq, last_seq FROM log_stream_lines WHERE instance_id = 'C.1'")
+    assert kept == [(len(stored), min(stored), max(stored))], (kept, len(stored))
 
 
 async def test_invalidated_database_is_reopened_and_keeps_every_acknowledged_line(make_client, monkeypatch):
