@@ -1,7 +1,8 @@
 """Where a group commit's CPU goes, statement by statement (issue 23: server CPU per ingested line).
 
 Group commits as the writer makes them (``store.write_batch`` with the token filter on, one Arrow
-batch per pushed body of BENCH_BODY_LINES lines of one stream, 600 streams) are timed on a real
+batch per pushed body of BENCH_BODY_LINES lines of one stream, 600 streams; the instances upserted
+as the writer does, new ones at once and last_seen once a second) are timed on a real
 database file, each DuckDB call of the commit in the thread's CPU seconds (a proxy connection times
 every ``execute``, ``register``, ``unregister`` and ``from_arrow`` by its statement's first words).
 Two commit sizes: 8 bodies (what 8 connections can have in flight, ack after commit) and 64. The
@@ -9,9 +10,11 @@ reference, in the same run: the same rows appended in one 100k-row INSERT of an 
 alone, no per-commit work), per line.
 
 Printed per commit size: CPU per line of the whole commit and its ratio to the reference, then each
-statement's share. What it measured on 2 cores (2026-12-03): an 8-body commit of 800 lines cost
-~17 ms of CPU whatever its lines (8 lines cost the same), the log_stream_lines upsert the largest
-statement, then the logs insert, the COMMIT and the token filter's block update.
+statement's share. What it measured on 2 cores (2026-12-03, BENCH_COMMITS=100): an 8-body commit of
+800 lines cost ~20 ms of CPU (25 us a line, ~10x the reference), and a commit of 8 lines about the
+same; the log_stream_lines upsert the largest statement (5.8 ms), then the logs insert (2.6 ms), the
+instances upsert (2.4 ms, new instances coming in), the COMMIT (2.1 ms) and the token filter's block
+update (1.4 ms). 64 bodies a commit: 9.7 us a line.
 
     python bench/commit_statements.py       # BENCH_COMMITS=150 BENCH_BODY_LINES=100
 """
@@ -33,6 +36,7 @@ import pyarrow as pa  # noqa: E402
 from bench.common import make_line  # noqa: E402
 from ingest.contract.codec import MetricRows  # noqa: E402
 from ingest.db import searchtokens as tokens, store  # noqa: E402
+from ingest.db.writer import LAST_SEEN_STEP_US  # noqa: E402
 
 COMMITS = int(os.environ.get("BENCH_COMMITS", "150"))
 BODY_LINES = int(os.environ.get("BENCH_BODY_LINES", "100"))
@@ -111,9 +115,20 @@ def commits(directory: Path, per_commit: int) -> tuple[float, dict[str, float], 
     seqs: dict = {}
     lines = 0
     total = 0.0
+    known: set[str] = set()
+    due: set[str] = set()
+    touched = time.monotonic()
     for n in range(COMMITS):
         logs = bodies(rng, seqs, per_commit)
-        instances = {b.column(0)[0].as_py(): 1_764_000_000_000_000 for b in logs.batches}
+        seen = {b.column(0)[0].as_py() for b in logs.batches}
+        # as the writer (_instances_to_touch): new instances at once, last_seen of the others once a second
+        if time.monotonic() - touched >= LAST_SEEN_STEP_US / 1e6:
+            touch, touched, due = seen | due, time.monotonic(), set()
+        else:
+            touch = seen - known
+            due |= seen & known
+        known |= seen
+        instances = dict.fromkeys(touch, 1_764_000_000_000_000)
         t0 = time.thread_time()
         store.write_batch(con, logs, [], MetricRows(), instances, 1_800_000_000_000_000 + n, blocks=blocks)
         blocks.committed()
