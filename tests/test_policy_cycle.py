@@ -324,10 +324,81 @@ async def test_a_wave_of_destroys_is_rechecked_by_one_evaluation(aiohttp_client,
     def count() -> float:
         return next(s.value for m in evaluations.collect() for s in m.samples if s.name.endswith("_count"))
 
+    # each subject is sent a sample after the cycle's evaluation: the re-check has something new to read
+    await _after_the_destroy_rule(engine, monkeypatch, lambda: [post(client, "/api/v1/metrics", {
+        "instance_id": f"C.w{i}", "samples": [{"name": "gpu_temp_c", "value": 60, "ts": iso(utcnow())}]}) for i in range(3)])
     before = count()
     report = await run_policies(client, execute=True)
     assert sorted(s for s, _ in calls()) == ["C.w0", "C.w1", "C.w2"] and len(report.executed) == 3
     assert count() - before == 2, "the cycle's evaluation, then one re-check for the wave of three"
+
+
+async def _after_the_destroy_rule(engine, monkeypatch, pushes) -> None:
+    """Right after the destroy rule's first evaluation (on its worker thread), await ``pushes()`` (a list
+    of coroutines) on the test's loop: evidence stored between a cycle's evaluation and its re-check."""
+    run_rule, loop, done = engine._run_rule, asyncio.get_running_loop(), []
+
+    def then_push(rule, cur, run, errors):
+        result = run_rule(rule, cur, run, errors)
+        if rule.name == "destroy_below_min_rate" and not done:
+            done.append(True)
+            for push in pushes():
+                asyncio.run_coroutine_threadsafe(push, loop).result(timeout=30)
+        return result
+
+    monkeypatch.setattr(engine, "_run_rule", then_push)
+
+
+def _destroy_rule_runs(engine):
+    evaluations = engine.metrics.policy_rule_seconds.labels(rule="destroy_below_min_rate")
+    return lambda: next(s.value for m in evaluations.collect() for s in m.samples if s.name.endswith("_count"))
+
+
+async def test_a_destroy_whose_instance_stored_nothing_since_the_evaluation_is_not_evaluated_again(
+        aiohttp_client, policy_settings, tmp_path, monkeypatch):
+    """The re-check's evaluation is the cycle's own when no commit changed the instance since it began,
+    whatever its age: on the fleet sim's loaded host the evaluation, the decisions' commit and the wave's
+    reads took over RECHECK_MAX_AGE_S, and each destroy waited for a second evaluation with nothing new."""
+    from ingest.policy import engine as policy
+
+    monkeypatch.setattr(policy, "RECHECK_MAX_AGE_S", 0.0)  # older than the age that serves whatever changed
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(policy_settings, actuator_command=command)))
+    done = utcnow() - dt.timedelta(seconds=30)
+    await bench_instance(client, "C.same", 960, done=done, exit_code=0, rate=12.5)
+    await complete_logs(client, "C.same", done, {"benchout": -1})
+    await bench_instance(client, "C.other", 961, done=done, exit_code=0, rate=40.0)  # healthy: stays
+    engine = client.app[CORE].policy
+    count = _destroy_rule_runs(engine)
+    # another instance's evidence stored meanwhile changes nothing of C.same's
+    await _after_the_destroy_rule(engine, monkeypatch, lambda: [push_lines(client, "C.other", "cuzk", ["proof 3 done"], at=utcnow())])
+    before = count()
+    report = await run_policies(client, execute=True)
+    assert [s for s, _ in calls()] == ["C.same"] and len(report.executed) == 1, report
+    assert count() - before == 1, "evaluated again though nothing of C.same was stored since"
+
+
+async def test_a_destroy_whose_instance_stored_evidence_since_the_evaluation_is_evaluated_again(
+        aiohttp_client, policy_settings, tmp_path, monkeypatch):
+    """A hung benchmark's bench_done stored between the cycle's evaluation and the actuator call: the
+    re-check reads it, and the healthy instance is not destroyed."""
+    from ingest.policy import engine as policy
+    from tests.fleet import hung_instance
+
+    monkeypatch.setattr(policy, "RECHECK_MAX_AGE_S", 0.0)
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(policy_settings, bench_timeout_s=3600, actuator_command=command)))
+    started = utcnow() - dt.timedelta(hours=3)
+    await hung_instance(client, "C.late", 962, started=started)
+    engine = client.app[CORE].policy
+    count = _destroy_rule_runs(engine)
+    await _after_the_destroy_rule(engine, monkeypatch, lambda: [post(client, "/api/v1/events", {
+        "instance_id": "C.late", "kind": "bench_done", "ts": iso(utcnow()), "exit_code": 0, "rate_per_hour": 45.7,
+        "duration_s": 300.0, "proofs_ok": 12})])
+    before = count()
+    report = await run_policies(client, execute=True)
+    assert calls() == [] and report.executed == [] and len(report.superseded) == 1, report
+    assert count() - before == 2, "the re-check did not evaluate the rule again on the new evidence"
 
 
 async def test_a_destroy_whose_logs_complete_while_its_run_is_classed_waits_for_the_class(aiohttp_client, policy_settings,
@@ -546,3 +617,21 @@ async def test_evidence_stored_during_a_full_runs_slow_rules_is_decided_before_t
             release.set()
     await until("the full run never ended", lambda: not engine._lock.locked())
     assert not engine.failing, engine.failing
+
+
+async def test_the_writer_says_which_instances_a_commit_changed(aiohttp_client, policy_settings):
+    """What the re-check's shortcut trusts (Writer.unchanged_since): a push changes its instances; an
+    action changes those it names, or, naming none, every instance (an admin's declaration, a verdict)."""
+    client = await aiohttp_client(create_app(policy_settings))
+    writer = client.app[WRITER]
+    since = time.monotonic()
+    assert writer.unchanged_since("C.a", since) and writer.unchanged_since("C.b", since)
+    await push_lines(client, "C.a", "cuzk", ["proof 1 done"], at=utcnow())
+    assert not writer.unchanged_since("C.a", since) and writer.unchanged_since("C.b", since)
+    await writer.execute(lambda con: None, kind="policy", touches=())  # the decisions' writes: nobody's
+    await writer.execute(lambda con: con.execute("SELECT 1"), kind="policy", touches=("C.b",))
+    assert not writer.unchanged_since("C.b", since) and writer.unchanged_since("C.c", since)
+    later = time.monotonic()
+    assert writer.unchanged_since("C.a", later) and writer.unchanged_since("C.b", later)
+    await writer.execute(lambda con: con.execute("SELECT 1"), kind="verdict")  # says nothing: anything changed
+    assert not writer.unchanged_since("C.c", later) and not writer.unchanged_since("C.a", later)

@@ -8,6 +8,7 @@ judged by ``ingest/db/usersql.py``.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -302,6 +303,28 @@ def decisions(con, timeout_s: float, *, state: str | None, action: str | None, s
 
 
 # -- the policy engine's reads (ingest/policy/engine.py) -----------------------------------------------
+def relations_read(con, timeout_s: float, sql: str) -> set[str]:
+    """The tables (lower case) that ``sql`` reads, through the views it reads, transitively: each table
+    or view of the database whose name is a word of its text, comments left out. A column named like a
+    table counts too: more than it reads, never less."""
+    with deadline_cursor(con, timeout_s) as cur:
+        views = dict(cur.execute("SELECT lower(view_name), sql FROM duckdb_views() WHERE NOT internal").fetchall())
+        tables = {name for (name,) in cur.execute("SELECT lower(table_name) FROM duckdb_tables()").fetchall()}
+    found: set[str] = set()
+    texts = [sql]
+    while texts:
+        words = set(_WORD.findall(_COMMENT.sub(" ", texts.pop()).lower()))
+        for name in (words & (tables | views.keys())) - found:
+            found.add(name)
+            if name in views:
+                texts.append(views[name])
+    return found & tables
+
+
+_WORD = re.compile(r"[a-z_][a-z0-9_]*")
+_COMMENT = re.compile(r"--[^\n]*")
+
+
 def evaluate_rule(cur: duckdb.DuckDBPyConnection, name: str, sql: str, params: dict[str, Any], *, decides: bool
                   ) -> list[tuple]:
     """A rule's result kept as a temporary table named after it (later rules read it); a rule that

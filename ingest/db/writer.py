@@ -72,6 +72,7 @@ class _Request:
     kind: str
     actions: list[Action] = field(default_factory=list)
     after_commit: Callable[[], None] | None = None  # set: commits alone, then this runs on the writer thread
+    touches: tuple[str, ...] | None = None  # its actions change only these instances' rows (None: any row)
 
 
 @dataclass
@@ -91,6 +92,8 @@ class _Staged:
     event_owner: list[int] = field(default_factory=list)  # per staged event: index of its request
     new_streams: dict[str, set[StreamKey]] = field(default_factory=dict)  # per instance: streams this batch opens
     refused: dict[int, PayloadTooLarge] = field(default_factory=dict)  # requests refused whole (nothing staged)
+    touched: set[str] = field(default_factory=set)  # instances the actions change (_Request.touches)
+    touched_all: bool = False  # an action may change any row
 
 
 class Writer:
@@ -134,12 +137,27 @@ class Writer:
         self._due: set[str] = set()  # instances with rows committed since their last_seen was last written
         self._touched_us = 0  # when last_seen was last written for every due instance
         self._watchers: list[tuple[frozenset[str], Callable[[], None]]] = []  # see watch_events
+        # see unchanged_since: time.monotonic() after the last commit that changed each instance's rows, and
+        # after the last that may have changed any
+        self._changed: dict[str, float] = {}
+        self._changed_all = float("-inf")
+        self._sole = write_batch is None  # the one writer of its database (lake mode: other nodes write too)
 
     def watch_events(self, kinds: frozenset[str], callback: Callable[[], None]) -> None:
         """Call ``callback()`` right after each commit that stored a new event of one of ``kinds``
         (on the writer thread, before the pushers are acknowledged: it must be quick and thread-safe;
         the policy engine's wake-up, which a logs_complete stored brings forward)."""
         self._watchers.append((frozenset(kinds), callback))
+
+    def unchanged_since(self, instance_id: str, since: float) -> bool:
+        """Whether no commit since ``since`` (time.monotonic()) changed the instance's rows: its logs,
+        events and metrics, and what actions said they change (execute's ``touches``; an action that
+        does not say may change anything). The decisions table is not followed: the policy's writes of
+        its decisions say they touch no instance. A commit is noted right after it returns, so a read
+        begun at ``since`` saw every commit that this says came before. Any thread (the policy's
+        re-check asks: an evaluation whose subject did not change since it began is still its answer).
+        False in lake mode, where other nodes write too."""
+        return self._sole and self._changed_all < since and self._changed.get(instance_id, float("-inf")) < since
 
     # -- event loop side -----------------------------------------------------------------------
     def start(self) -> None:
@@ -167,6 +185,7 @@ class Writer:
         actions: list[Action] | None = None,
         kind: str = "logs",
         after_commit: Callable[[], None] | None = None,
+        touches: tuple[str, ...] | None = None,
     ) -> WriteResult:
         """Queue rows and wait for the commit that holds them. Raises Overloaded when full, and
         StorageUnavailable while the database cannot write."""
@@ -193,7 +212,7 @@ class Writer:
         future = loop.create_future()
         self.pending_rows += rows
         self.pending_requests += 1
-        self._queue.put(_Request(logs, events, metrics, rows, loop, future, kind, actions or [], after_commit))
+        self._queue.put(_Request(logs, events, metrics, rows, loop, future, kind, actions or [], after_commit, touches))
         try:
             return await asyncio.shield(future)
         finally:
@@ -207,15 +226,18 @@ class Writer:
         self.pending_rows -= rows
         self.pending_requests -= 1
 
-    async def execute(self, action: Action, kind: str = "action", after_commit: Callable[[], None] | None = None) -> Any:
+    async def execute(self, action: Action, kind: str = "action", after_commit: Callable[[], None] | None = None,
+                      touches: tuple[str, ...] | None = None) -> Any:
         """Run ``action(connection)`` in the writer's next transaction; return what it returned.
+        ``touches``: the instances whose rows it may change, if only those (unchanged_since; rows of the
+        decisions table are nobody's).
 
         For the few writes that are not pushes (decisions, verdicts, retention): they go through
         the one writer like everything else, and are committed when this returns. ``after_commit``
         (e.g. forgetting deleted streams in the dedupe index) runs on the writer thread right after
         that commit, which then holds no other request, so no push is staged against stale state.
         """
-        result = await self.submit(actions=[action], kind=kind, after_commit=after_commit)
+        result = await self.submit(actions=[action], kind=kind, after_commit=after_commit, touches=touches)
         return result.results[0]
 
     async def flush(self) -> None:
@@ -303,6 +325,7 @@ class Writer:
                     self._con, staged.logs, staged.events, staged.metrics, instances, received_us, staged.actions,
                     blocks=self._blocks)
         except StoreError as e:
+            self._changed_all = time.monotonic()  # what a failed commit, a reopen, a retry left: not told, so any
             if self._blocks is not None:
                 self._blocks.rolled_back()
             self._metrics.commit_errors.inc()
@@ -331,6 +354,7 @@ class Writer:
             logger.error("commit failed: %s", e)
             _resolve(batch[0], error=e)
             return
+        self._note_changes(staged)
         if self._blocks is not None:
             self._blocks.committed()
         self._touched(staged.instances, instances, received_us)
@@ -437,6 +461,11 @@ class Writer:
             for action in request.actions:
                 staged.actions.append(action)
                 staged.action_owner.append(r)
+            if request.actions:
+                if request.touches is None:
+                    staged.touched_all = True
+                else:
+                    staged.touched.update(request.touches)
             if len(request.metrics):
                 m = request.metrics
                 for name in ("instance_id", "name", "ts_us", "value", "labels"):
@@ -485,6 +514,14 @@ class Writer:
         else:
             self._due.update(i for i in seen if i not in written)
         self._known.update(written)
+
+    def _note_changes(self, staged: _Staged) -> None:
+        """After a commit: the instances whose rows it changed (see unchanged_since)."""
+        at = time.monotonic()
+        if staged.touched_all:
+            self._changed_all = at
+        for instance_id in staged.touched.union(staged.instances):
+            self._changed[instance_id] = at
 
     def _publish(self, staged: _Staged, received_us: int | None = None) -> None:
         """After a commit: the dedupe index and the tail cache learn what is now stored."""

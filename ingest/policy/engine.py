@@ -66,7 +66,7 @@ from ingest.metrics import IngestMetrics
 from ingest.db import writes
 from ingest.db.sqlfiles import Rule
 from ingest.db.reads import (decisions_by_id, evaluate_rule, instance_state,
-                             proposed_actions, run_under_deadline)
+                             proposed_actions, relations_read, run_under_deadline)
 from ingest.db.seqindex import StreamIndex
 from ingest.db.tailcache import TailCache
 from ingest.timestamps import now_us, utcnow
@@ -173,6 +173,7 @@ class PolicyEngine:
         self._check: _Recheck | None = None  # the re-check of the run carrying decisions out
         self._loop: asyncio.AbstractEventLoop | None = None  # run_forever's, while it runs
         self._woken: asyncio.Event | None = None  # set (on that loop) by wake()
+        self._decision_readers: dict[frozenset[str], bool] = {}  # see reads_decisions
         writer.watch_events(WAKE_KINDS, self.wake)
         for rule in rules:  # the series exist at 0 from start-up, so that the first failure alerts
             metrics.policy_rule_failing.labels(rule=rule.name).set(0)
@@ -220,7 +221,7 @@ class PolicyEngine:
                 if rows:
                     classified_at = utcnow()
                     await self.writer.execute(functools.partial(writes.store_classes, rows=rows, now=classified_at),
-                                              kind="policy")
+                                              kind="policy", touches=tuple(str(row[0]) for row in rows))
                 report.classified += len(rows)
                 scanned = sum(row[7] or 0 for row in rows if len(row) > 7)
                 report.class_lines_scanned += scanned
@@ -238,7 +239,7 @@ class PolicyEngine:
                      now: dt.datetime, evaluated_at: dict[str, float]) -> None:
         decided_at = utcnow()  # the rules have run: whatever they read was stored before this
         new, updated = await self.writer.execute(
-            functools.partial(writes.store_decisions, decided=decided, now=decided_at), kind="policy")
+            functools.partial(writes.store_decisions, decided=decided, now=decided_at), kind="policy", touches=())
         report.new_decisions += new
         report.updated += updated
         if new and self.notifier.enabled:
@@ -364,6 +365,15 @@ class PolicyEngine:
                 needed.update(r.name for r in self.rules[:i] if re.search(rf"\b{re.escape(r.name)}\b", self.rules[i].sql))
         return needed
 
+    def reads_decisions(self, names: set[str]) -> bool:
+        """(In a worker thread.) Whether the rules ``names`` (and those they read) read the decisions
+        table, which Writer.unchanged_since does not follow (the destroy rule does not; retention does)."""
+        key = frozenset(names)
+        if key not in self._decision_readers:
+            sql = "\n".join(r.sql for r in self.rules if r.name in self._needed(set(names)))
+            self._decision_readers[key] = "decisions" in self.con.read(relations_read, sql)
+        return self._decision_readers[key]
+
     def _note_health(self, errors: dict[str, str], ran: set[str]) -> None:
         """After a cycle's evaluation: which rules are failing now (those that ran in it, as it found
         them; the others as their last run did)."""
@@ -426,7 +436,7 @@ class PolicyEngine:
         """The retention rule carried out: the instance's logs and metrics deleted through the writer.
         Lake mode hands its own (ingest/db/lake/jobs.py's RetentionWindow, through ingest/db/database.py)."""
         await self.writer.execute(functools.partial(writes.delete_logs, instance_id=instance_id), kind="policy",
-                                  after_commit=after_commit)
+                                  after_commit=after_commit, touches=(instance_id,))
 
     async def _wave(self, wave: list[dict[str, Any]], report: CycleReport) -> list[tuple[dict[str, Any], tuple[str, Any]]]:
         """The destroys of a wave that go ahead, each with its (reason, evidence) now: an instance
@@ -511,7 +521,7 @@ class PolicyEngine:
         update = functools.partial(writes.settle_decision, decision_id=decision["id"], state=state, error=error,
                                    attempted_at=attempted_at, settled_at=settled_at, reason=decision["reason"],
                                    evidence=evidence)
-        await self.writer.execute(update, kind="policy")
+        await self.writer.execute(update, kind="policy", touches=())  # decisions only
         if state in ("executed", "failed", "superseded"):
             self.notifier.send(state, {**decision, "state": state, "note": note})
 
@@ -626,6 +636,12 @@ class _Recheck:
     after it until it is RECHECK_MAX_AGE_S old (its age: since the first of those rules began), and
     serves every decision asked about before it began (a wave of destroys, _wave): a run of destroys
     does not evaluate the rules once per destroy, and none is carried out on evidence older than that.
+    Whatever its age, it serves a decision whose subject (an instance: destroys and log deletions are
+    re-checked) no commit changed since it began (Writer.unchanged_since), if its rules do not read the
+    decisions (which that does not follow): the rules read an instance's own rows, and what may change
+    any (settings, patterns, enrollments) is noted as changing all. On a
+    loaded host the evaluation, the decisions' commit and the wave's reads took over a second, and
+    each destroy waited for a second evaluation of rules that had nothing new to read (the fleet sim).
     (Not "older than the evaluation took": under load the seconds between a cycle's evaluation and the
     actuator call held a healthy instance's bench_done, and it was destroyed as hung: the fleet sim.)"""
 
@@ -652,7 +668,10 @@ class _Recheck:
         enough whatever its age (the wave it serves was asked about before it)."""
         with self.lock:
             fresh = self.at is not None and (
-                (asked is not None and self.at >= asked) or time.monotonic() - self.at <= RECHECK_MAX_AGE_S)
+                (asked is not None and self.at >= asked) or time.monotonic() - self.at <= RECHECK_MAX_AGE_S
+                or (decision["rule"] not in self.failed  # nothing of its subject stored since: still the answer
+                    and self.engine.writer.unchanged_since(str(decision["subject"]), self.at)
+                    and not self.engine.reads_decisions(self.names)))
             if not fresh:
                 at: dict[str, float] = {}
                 decided, failed = self.engine._selected(self.names, self.now, at)
