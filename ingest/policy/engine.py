@@ -200,7 +200,7 @@ class PolicyEngine:
                 await self._act(report, params, acting, execute, now, evaluated_at)
                 # the others; in a full run one rule at a time, and evidence stored meanwhile (a wake-up) is decided
                 # on once, between two of them, not after the slowest rules (see _between)
-                decided = await self._evaluate_stepwise(params, report, rest, evaluated_at, execute, pause=full)
+                decided = await self._evaluate_stepwise(params, report, rest, evaluated_at, execute, full, acting)
                 decided = [(rule, row) for rule, row in decided if rule.name not in acting]  # decided once a run
                 await self._store(report, decided, {"delete_logs"} if full else set(), execute, now, evaluated_at)
                 self._note_health(report.rule_errors, set(evaluated_at) | {r.name for r in self.rules if r.output == "classify"})
@@ -249,28 +249,28 @@ class PolicyEngine:
             await self._carry_out(report, now, (evaluated_at, decided), actions)
 
     async def _evaluate_stepwise(self, params: dict[str, Any], report: CycleReport, only: set[str],
-                                 evaluated_at: dict[str, float], execute: bool, pause: bool) -> list[tuple[Rule, tuple]]:
+                                 evaluated_at: dict[str, float], execute: bool, pause: bool,
+                                 acting: set[str]) -> list[tuple[Rule, tuple]]:
         """_evaluate off the event loop; with ``pause``, a rule at a time on one cursor (a rule reads the
-        earlier ones' tables), and before each rule _between, as long as the pauses take no more time than the
-        rules between them (a pause waits until the rules since the last one have run as long as it did)."""
+        earlier ones' tables), and before each rule _between (``acting``: the run's destroy rules), as long
+        as the pauses take no more time than the rules between them (a pause waits until the rules since
+        the last one have run as long as it did)."""
         if not pause:
             return await asyncio.to_thread(self._evaluate, params, report.rule_errors, only, evaluated_at)
         decided: list[tuple[Rule, tuple]] = []
         paused_s = rules_s = 0.0  # the last pause's length; the rules' seconds since it
         with self.con.deadline_cursor(self._budget_s()) as cur:
-            for rule in self.rules:
-                if rule.output == "classify" or rule.name not in only:
-                    continue
+            for rule in self._evaluated(only):
                 if rules_s >= paused_s:
                     started = time.monotonic()
-                    if await self._between(report, execute):
+                    if await self._between(report, execute, acting):
                         paused_s, rules_s = time.monotonic() - started, 0.0
                 started = time.monotonic()
                 decided += await asyncio.to_thread(self._evaluate_one, rule, cur, params, report.rule_errors, evaluated_at)
                 rules_s += time.monotonic() - started
         return decided
 
-    async def _between(self, report: CycleReport, execute: bool) -> bool:
+    async def _between(self, report: CycleReport, execute: bool, acting: set[str]) -> bool:
         """Between two rules of a run's second evaluation: if evidence was stored since the run began (a
         wake-up from run_forever), the class and the destroy rules run on it first, with what it is now (a
         full run's slowest rules took up to 2 s on a loaded host, and a destroy waited for them and then a
@@ -284,7 +284,6 @@ class PolicyEngine:
         woken.clear()
         self.metrics.policy_woken.inc()
         now = utcnow()
-        acting, _ = self._phases(False)
         await self._act(report, self.params.values(now), acting, execute, now, {})
         return True
 
@@ -325,11 +324,13 @@ class PolicyEngine:
         started = {} if started is None else started
         decided = []
         with self.con.deadline_cursor(self._budget_s()) as cur:
-            for rule in self.rules:
-                if rule.output == "classify" or (only is not None and rule.name not in only):
-                    continue
+            for rule in self._evaluated(only):
                 decided += self._evaluate_one(rule, cur, params, errors, started)
         return decided
+
+    def _evaluated(self, only: set[str] | None) -> list[Rule]:
+        """The rules an evaluation runs, in order: those named (all with None), less the class rules."""
+        return [r for r in self.rules if r.output != "classify" and (only is None or r.name in only)]
 
     def _evaluate_one(self, rule: Rule, cur: Any, params: dict[str, Any], errors: dict[str, str],
                       started: dict[str, float]) -> list[tuple[Rule, tuple]]:

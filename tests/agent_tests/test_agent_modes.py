@@ -137,3 +137,41 @@ def test_with_tokens_on_the_agent_enrolls_once_and_every_phase_uses_the_instance
     # the enrollment token alone cannot push lines
     refused = agent("event", server.url, "C.18", "--token", "fleet-enroll", "--token-file", str(tmp_path / "other"), "running", "--flush-timeout", "0.3").run()
     assert refused.returncode == 75 and "403" in refused.stderr
+
+
+def test_the_docs_entrypoint_registers_before_a_failed_fetch_and_the_failure_shows(server_process, tmp_path):
+    """docs/agent.md's entrypoint, its first steps run as written (bash, the real agent): the instance
+    is registered before the fetch's lines and its params_done, and a fetch that fails is a failure
+    wherever one is shown (it ran ``wrap`` before anything sent ``registered``)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from agentlib import REPO
+    from tests.conftest import kill_group
+
+    block = re.search(r"## An entrypoint\n\n```sh\n(.*?)```", (REPO / "docs" / "agent.md").read_text(), re.S).group(1)
+    steps = [line for line in block.splitlines() if line.startswith("fleetlog-agent ")]
+    assert steps[0].startswith("fleetlog-agent event registered"), steps
+    wrap = next(i for i, line in enumerate(steps) if " wrap " in line)
+    (tmp_path / "fetch-params.sh").write_text("#!/bin/sh\necho 'fetching 56 GiB of parameters'\necho 'curl: (28) Operation timed out' >&2\nexit 3\n")
+    (tmp_path / "fetch-params.sh").chmod(0o755)
+    server = server_process().start()
+    script = f'fleetlog-agent() {{ "{sys.executable}" -m agent.cli "$@"; }}\n' + "\n".join(steps[:wrap + 1]) + "\n"
+    env = dict(os.environ, FLEETLOG_SERVER=server.url, CONTAINER_ID="55891001", FLEETLOG_MACHINE_ID="55891",
+               FLEETLOG_HOST_ID="7140", FLEETLOG_AGENT_SPOOL=str(tmp_path / "state"), PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 3, out  # the fetch's own code, the script's last command
+    api = Api(server.url)
+    detail = api.instance("C.55891001")
+    kinds = [e["kind"] for e in detail["events"]]
+    assert kinds[0] == "registered" and kinds.index("registered") < kinds.index("params_done"), kinds
+    assert detail["machine_id"] == 55891, detail
+    assert detail["failure_class"] == "param_fetch" and detail["failure_line"] == "params_done exit code 3", detail
+    assert_exactly_once(api, "C.55891001", "setup", ["fetching 56 GiB of parameters", "curl: (28) Operation timed out"])
