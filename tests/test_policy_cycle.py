@@ -635,3 +635,64 @@ async def test_the_writer_says_which_instances_a_commit_changed(aiohttp_client, 
     assert writer.unchanged_since("C.a", later) and writer.unchanged_since("C.b", later)
     await writer.execute(lambda con: con.execute("SELECT 1"), kind="verdict")  # says nothing: anything changed
     assert not writer.unchanged_since("C.c", later) and not writer.unchanged_since("C.a", later)
+
+
+async def test_evidence_stored_while_a_runs_destroy_rule_ran_is_decided_before_its_other_rules(
+        aiohttp_client, policy_settings, tmp_path, monkeypatch):
+    """A run between the full ones: evidence stored while its destroy rule ran waited for the run's
+    other rules (machine exclusions) and then for a run of its own (the fleet sim's slowest decisions,
+    1.9-2.2 s after their evidence on the loaded host). Here the destroy rule of a woken run is held while
+    the evidence is stored, and its exclusion rule until the destroy is carried out (at most 20 s)."""
+    import threading
+
+    from ingest.policy import engine as policy
+
+    holds = {"destroy_below_min_rate": (threading.Event(), threading.Event()), "bad_hosts": (threading.Event(), threading.Event())}
+    armed = [False]
+    real = policy.evaluate_rule
+
+    def evaluate_rule(cur, name, sql, params, *, decides):
+        hold = armed[0] and name in holds and not holds[name][0].is_set()  # each held once
+        # the destroy rule has read what it reads when it is held; the exclusion rule is held before it reads
+        result = real(cur, name, sql, params, decides=decides) if name == "destroy_below_min_rate" else None
+        if hold:
+            held, release = holds[name]
+            held.set()
+            release.wait(20)  # a slow rule on a loaded host
+        return result if name == "destroy_below_min_rate" else real(cur, name, sql, params, decides=decides)
+
+    async def until(what: str, condition) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.05)
+
+    monkeypatch.setattr(policy, "evaluate_rule", evaluate_rule)
+    command, calls = await actuator_script(tmp_path)
+    client = await aiohttp_client(create_app(replace(
+        policy_settings, policy_interval_s=30.0, policy_full_interval_s=3600.0, policy_execute=True, actuator_command=command)))
+    engine = client.app[CORE].policy
+    try:
+        deadline = time.monotonic() + 30
+        while await policy_runs(client) < 1:  # the timer's first run (a full one), at start-up
+            assert time.monotonic() < deadline, "no policy run at start-up"
+            await asyncio.sleep(0.05)
+        done = utcnow() - dt.timedelta(seconds=5)
+        armed[0] = True
+        await bench_instance(client, "C.fine", 905, done=done, exit_code=0, rate=40.0)
+        await complete_logs(client, "C.fine", done, {"benchout": -1})  # wakes a run that is not full
+        await until("the woken run never reached its destroy rule", holds["destroy_below_min_rate"][0].is_set)
+        await bench_instance(client, "C.slow", 906, done=done, exit_code=0, rate=12.5)
+        await complete_logs(client, "C.slow", done, {"benchout": -1})
+        await until("the logs_complete stored woke nothing", engine._woken.is_set)
+        holds["destroy_below_min_rate"][1].set()
+        deadline = time.monotonic() + 10
+        while not calls() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert [s for s, _ in calls()] == ["C.slow"], "the destroy waited for the run's other rules and a run of its own"
+        assert not holds["bad_hosts"][1].is_set()
+    finally:
+        for _, release in holds.values():
+            release.set()
+    await until("the run never ended", lambda: not engine._lock.locked())
+    assert not engine.failing, engine.failing

@@ -198,6 +198,9 @@ class PolicyEngine:
                 # the rules that decide destroys (and those they read) first, and their destroys carried out at
                 # once: a destroy does not wait for the other rules (hosts, staleness, retention, spikes)
                 await self._act(report, params, acting, execute, now, evaluated_at)
+                # evidence stored while the destroy rule ran is decided on now, before the other rules, which it
+                # waited for and then for a run of its own (the loaded sim's slowest decisions): once a run
+                await self._between(report, execute, acting)
                 # the others; in a full run one rule at a time, and evidence stored meanwhile (a wake-up) is decided
                 # on once, between two of them, not after the slowest rules (see _between)
                 decided = await self._evaluate_stepwise(params, report, rest, evaluated_at, execute, full, acting)
@@ -275,9 +278,10 @@ class PolicyEngine:
         wake-up from run_forever), the class and the destroy rules run on it first, with what it is now (a
         full run's slowest rules took up to 2 s on a loaded host, and a destroy waited for them and then a
         run of its own). Their tables are their own cursor's: the evaluation that pauses keeps its own.
-        In full runs only (every ``full_interval_s``), and at most about half of their time (see
-        _evaluate_stepwise): the wake-ups' own runs are held to about half of the time by run_forever, and
-        pauses in every run would escape that. True if it ran."""
+        Once in every run, right after its destroys; in full runs (every ``full_interval_s``) also between
+        their other rules, at most about half of their time (see _evaluate_stepwise): the wake-ups' own runs
+        are held to about half of the time by run_forever, and pauses before every rule of every run escaped
+        that (one a run does what the run it spares would do first). True if it ran."""
         woken = self._woken
         if woken is None or not woken.is_set():
             return False
