@@ -696,3 +696,21 @@ async def test_evidence_stored_while_a_runs_destroy_rule_ran_is_decided_before_i
             release.set()
     await until("the run never ended", lambda: not engine._lock.locked())
     assert not engine.failing, engine.failing
+
+
+async def test_the_rules_that_read_the_decisions_table_are_known_through_their_views(aiohttp_client, policy_settings):
+    """The re-check's shortcut does not follow the decisions table: it is off for a rule that reads it,
+    directly or through a view (reads.relations_read), and on for the destroy rule."""
+    import duckdb
+
+    from ingest.db.reads import relations_read
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE decisions (subject VARCHAR); CREATE TABLE logs (instance_id VARCHAR)")
+    con.execute("CREATE VIEW latest AS SELECT * FROM decisions; CREATE VIEW outer_view AS SELECT * FROM latest")
+    assert relations_read(con, 10, "SELECT * FROM outer_view -- not logs") == {"decisions"}
+    assert relations_read(con, 10, "-- decisions\nSELECT * FROM logs WHERE $now IS NOT NULL") == {"logs"}
+    client = await aiohttp_client(create_app(policy_settings))
+    engine = client.app[CORE].policy
+    assert not await asyncio.to_thread(engine.reads_decisions, {"destroy_below_min_rate"})
+    assert await asyncio.to_thread(engine.reads_decisions, {"retention"})
