@@ -256,3 +256,20 @@ async def bulk_fleet(client, n: int, done: dt.datetime, *, lines: int = 100, sam
         )
 
     await writer.execute(insert, kind="policy")
+
+
+async def until(what: str, check, timeout_s: float = 30.0):
+    """Poll ``check()`` (every 50 ms) until it is true, and return what it returned; fail after ``timeout_s``."""
+    import asyncio
+    import time
+
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not after {timeout_s} s")
+        await asyncio.sleep(0.05)

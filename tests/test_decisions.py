@@ -16,7 +16,7 @@ from ingest.app import create_app
 from ingest.web.keys import CORE
 from ingest.db.sqlfiles import compose
 from tests.conftest import REPO
-from tests.fleet import (bench_instance, complete_logs, demo_fleet, get, hung_instance, incident, iso, log_push,
+from tests.fleet import (until, bench_instance, complete_logs, demo_fleet, get, hung_instance, incident, iso, log_push,
                          params_failure, post, push_lines, rows, run_policies, utcnow)
 
 
@@ -63,20 +63,6 @@ async def recorder(aiohttp_server) -> tuple[Recorder, str]:
     rec = Recorder()
     server = await aiohttp_server(rec.app())
     return rec, str(server.make_url("/hook"))
-
-
-async def until(what: str, check, timeout_s: float = 30.0):
-    import asyncio
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not after {timeout_s} s")
-        await asyncio.sleep(0.05)
 
 
 # -- 1. one definition of each rule: the API, the gauges and the SQL agree ------------------------------

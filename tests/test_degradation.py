@@ -18,7 +18,8 @@ from ingest.app import create_app
 from ingest.config import load
 from ingest.errors import ConfigError
 from tests.fleet import bench_instance, demo_fleet, get, rows, run_policies, utcnow
-from tests.test_decisions import recorder, until
+from tests.fleet import until
+from tests.test_decisions import recorder
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 from ingest.app import create_app
 from ingest.db import writes
 from ingest.web.keys import CORE, WRITER
-from tests.fleet import bench_instance, complete_logs, get, iso, post, push_lines, rows, run_policies, utcnow
+from tests.fleet import bench_instance, complete_logs, get, iso, post, push_lines, rows, run_policies, until, utcnow
 
 
 @pytest.fixture
@@ -581,12 +581,6 @@ async def test_evidence_stored_during_a_full_runs_slow_rules_is_decided_before_t
             release.wait(20)  # a slow rule on a loaded host
         return real(cur, name, sql, params, decides=decides)
 
-    async def until(what: str, condition) -> None:
-        deadline = time.monotonic() + 30
-        while not condition():
-            assert time.monotonic() < deadline, what
-            await asyncio.sleep(0.05)
-
     monkeypatch.setattr(policy, "evaluate_rule", evaluate_rule)
     command, calls = await actuator_script(tmp_path)
     client = await aiohttp_client(create_app(replace(
@@ -660,12 +654,6 @@ async def test_evidence_stored_while_a_runs_destroy_rule_ran_is_decided_before_i
             held.set()
             release.wait(20)  # a slow rule on a loaded host
         return result if name == "destroy_below_min_rate" else real(cur, name, sql, params, decides=decides)
-
-    async def until(what: str, condition) -> None:
-        deadline = time.monotonic() + 30
-        while not condition():
-            assert time.monotonic() < deadline, what
-            await asyncio.sleep(0.05)
 
     monkeypatch.setattr(policy, "evaluate_rule", evaluate_rule)
     command, calls = await actuator_script(tmp_path)
