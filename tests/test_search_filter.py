@@ -181,3 +181,18 @@ async def test_search_answer_says_how_the_filter_was_used(make_client):
         assert (doc["scanned"]["filter"], len(doc["hits"])) == expect, (params, doc)
         if expect[0] == "trigrams":
             assert doc["scanned"]["blocks"] == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=LINES, q=st.text(ALPHABET, min_size=1, max_size=6))
+def test_a_plain_text_search_finds_exactly_the_lines_ilike_accepts(db, lines, q):
+    """The documented meaning of ``q`` (docs/api.md): case-insensitive as DuckDB's ILIKE, with q's % _ \\ literal;
+    whatever expression the search evaluates, filtered or not, its hits are ILIKE's lines."""
+    db.execute("DELETE FROM logs")
+    db.execute("DELETE FROM log_blocks")
+    commit(db, tokens.BlockWriter(block_lines=3), [("C.1", i, T0 + i, line) for i, line in enumerate(lines)])
+    pattern = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    expect = sorted(seq for (seq,) in db.execute("SELECT seq FROM logs WHERE line ILIKE ? ESCAPE '\\'", [pattern]).fetchall())
+    for use_filter in (True, False):
+        hits, _, _ = run(db, q, 1000, use_filter)
+        assert sorted(h["seq"] for h in hits) == expect, (q, use_filter)
