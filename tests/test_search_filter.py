@@ -117,7 +117,7 @@ def test_rare_phrase_search_scans_the_rows_of_its_blocks_not_their_time_span(tmp
     hits, _, plan = search.search(profiled, 30.0, search.SearchQuery(text="out of memory", regex=False, since_us=T0 - 10**9,
                                                                     until_us=T0 + 10**9))
     assert [h["line"] for h in hits] == ["ERROR CUDA error: out of memory"] and plan.blocks_admitted == 1
-    # The admitted block's 8,192 rows lie in at most two of DuckDB's row groups (122,880 rows each).
+    # The admitted block's <= 8,192 rows lie in at most two of DuckDB's row groups (122,880 rows each).
     assert 0 < profiled.rows_scanned <= 2 * 122_880 < total, (profiled.rows_scanned, total)
     db.close()
 
@@ -196,3 +196,40 @@ def test_a_plain_text_search_finds_exactly_the_lines_ilike_accepts(db, lines, q)
     for use_filter in (True, False):
         hits, _, _ = run(db, q, 1000, use_filter)
         assert sorted(h["seq"] for h in hits) == expect, (q, use_filter)
+
+
+class Counted:
+    """A connection that counts the statements run on ``logs``."""
+
+    def __init__(self, con) -> None:
+        self.con, self.statements = con, 0
+
+    def execute(self, sql, params=None):
+        self.statements += "FROM logs" in sql
+        self.con.execute(sql, params)
+        return self
+
+    def fetchall(self):
+        return self.con.fetchall()
+
+    def interrupt(self):
+        self.con.interrupt()
+
+
+def test_a_rare_phrase_in_many_parts_is_read_in_a_few_statements_newest_first(db):
+    # 12 hits, each in a block of its own and a part of its own (an hour apart, no other block between):
+    # one statement per part planned 12 times (~1 ms each, as much as the block's scan); 1, 2, 4, 8 parts a
+    # statement plan 4, and the hits and their order are the scan's.
+    blocks = tokens.BlockWriter(block_lines=50)
+    for c in range(12):
+        rows = [("C.%d" % c, i, T0 + c * 3_600_000_000 + i, "INFO partition done" if i != 7 else f"ERROR out of memory {c}")
+                for i in range(50)]
+        commit(db, blocks, rows, received_us=T0 + c)
+    counted = Counted(db)
+    for limit in (1000, 5):
+        hits, truncated, plan = search.search(counted, 30.0, search.SearchQuery(
+            text="out of memory", regex=False, since_us=T0 - 10**9, until_us=T0 + 10**11, limit=limit))
+        assert [h["line"] for h in hits] == [f"ERROR out of memory {c}" for c in range(11, -1, -1)][:limit]
+        assert truncated == (limit < 12) and plan.blocks_admitted == 12
+        assert plan.ranges_scanned == (12 if limit == 1000 else 7), plan  # 1 + 2 + 4 parts hold the newest 5, and one more
+        assert counted.statements == (4 if limit == 1000 else 4 + 3), counted.statements

@@ -33,34 +33,51 @@ CHUNKS_S = (3600.0, 6 * 3600.0)  # searched first: the last hour, then the last 
 # (tests/test_search_filter.py holds them equal). The logs endpoint's ``q`` is the same expression.
 MATCH_SQL = "AND contains(lower(line), lower($q))"
 
+# Parts of the window, each a branch (or one per received_at range of its admitted blocks, so that each
+# scan reads only the row groups and vectors of its blocks: received_at's zone maps; an OR of the ranges in
+# one scan prunes nothing in DuckDB 1.5), each branch with its own part's ts bounds, newest first overall.
 SEARCH_SQL = """
-SELECT instance_id, source, run_id, seq, ts, line FROM logs
-WHERE ts >= make_timestamp($since) AND ts < make_timestamp($until) {filters}
-ORDER BY ts DESC, instance_id, source, run_id DESC, seq DESC
-LIMIT $limit
-"""
-# A part of the window whose admitted blocks are known in commit order: one branch per received_at
-# range, so that each scan reads only the row groups of its blocks (received_at's zone maps; an OR of
-# the ranges in one scan prunes nothing in DuckDB 1.5).
-STAMPED_SQL = """
 SELECT * FROM ({branches})
 ORDER BY ts DESC, instance_id, source, run_id DESC, seq DESC
 LIMIT $limit
 """
 BRANCH_SQL = """SELECT instance_id, source, run_id, seq, ts, line FROM logs
-WHERE ts >= make_timestamp($since) AND ts < make_timestamp($until)
-AND received_at BETWEEN make_timestamp($rlo{i}) AND make_timestamp($rhi{i}) {filters}"""
+WHERE ts >= make_timestamp($since{i}) AND ts < make_timestamp($until{i}) {stamps} {filters}"""
+STAMPS_SQL = "AND received_at BETWEEN make_timestamp($rlo{i}) AND make_timestamp($rhi{i})"
+MAX_BRANCHES = 64  # branches one statement unions; a part's own ranges are at most tokens.MAX_STAMP_RANGES
 
 
-def _statement(filters: str, part: tokens.Range) -> tuple[str, dict[str, int]]:
-    """The SQL of one part of the window and its received_at parameters."""
-    if part.stamps is None:
-        return SEARCH_SQL.format(filters=filters), {}
-    branches = "\nUNION ALL\n".join(BRANCH_SQL.format(i=i, filters=filters) for i in range(len(part.stamps)))
-    params = {}
-    for i, (lo, hi) in enumerate(part.stamps):
-        params[f"rlo{i}"], params[f"rhi{i}"] = lo, hi
-    return STAMPED_SQL.format(branches=branches), params
+def _statement(filters: str, parts: list[tokens.Range]) -> tuple[str, dict[str, int]]:
+    """The SQL of some parts of the window (disjoint) and its bounds' parameters."""
+    branches, params = [], {}
+    for part in parts:
+        for stamp in part.stamps or (None,):
+            i = len(branches)
+            params[f"since{i}"], params[f"until{i}"] = part.lower, part.upper
+            if stamp is not None:
+                params[f"rlo{i}"], params[f"rhi{i}"] = stamp
+            branches.append(BRANCH_SQL.format(i=i, filters=filters, stamps="" if stamp is None else STAMPS_SQL.format(i=i)))
+    return SEARCH_SQL.format(branches="\nUNION ALL\n".join(branches)), params
+
+
+def _batches(ranges: list[tokens.Range], grow: bool) -> list[list[tokens.Range]]:
+    """The parts in statements, newest first: one part each, or (``grow``) 1, 2, 4 ... parts a statement, at
+    most MAX_BRANCHES branches: a statement costs ~1 ms to plan, the admitted blocks of a rare phrase a
+    fraction of that to scan, and a common word still stops at its newest part."""
+    out: list[list[tokens.Range]] = []
+    size, at = 1, 0
+    while at < len(ranges):
+        batch, branches = [], 0
+        while at < len(ranges) and len(batch) < size:
+            n = len(ranges[at].stamps or (None,))
+            if batch and branches + n > MAX_BRANCHES:
+                break
+            batch.append(ranges[at])
+            branches += n
+            at += 1
+        out.append(batch)
+        size = size * 2 if grow else 1
+    return out
 
 
 @dataclass(frozen=True)
@@ -131,11 +148,10 @@ def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True
             plan = tokens.Plan("trigrams")
         ranges = (tokens.admitted_ranges(cur, grams, query.since_us, query.until_us, plan) if plan.filter == "trigrams"
                   else [tokens.Range(lower, upper) for lower, upper in _chunks(query.since_us, query.until_us)])
-        for part in ranges:
-            plan.ranges_scanned += 1
-            want = query.limit + 1 - len(rows)
-            sql, stamps = _statement(filters_sql, part)
-            cur.execute(sql, {**params, **stamps, "since": part.lower, "until": part.upper, "limit": want})
+        for batch in _batches(ranges, grow=plan.filter == "trigrams"):
+            plan.ranges_scanned += len(batch)
+            sql, bounds = _statement(filters_sql, batch)
+            cur.execute(sql, {**params, **bounds, "limit": query.limit + 1 - len(rows)})
             rows += cur.fetchall()
             if len(rows) > query.limit:
                 break

@@ -17,7 +17,7 @@ Invariants:
   U+0130 -> i) folded the same way, and every other byte a separator. Whenever ``line ILIKE '%q%'``
   holds, each maximal letter run of the folded ``q`` is a substring of a letter run of the folded line,
   so every trigram of ``q`` is a trigram of the line: a block missing one cannot match.
-- Digits are separators: numbers and hex ids do not prune (in a block of 8,192 lines every digit and
+- Digits are separators: numbers and hex ids do not prune (in a block of 2,048 lines every digit and
   hex trigram is present anyway); words do. A query with no trigram (``q``'s letter runs all shorter
   than 3) and a regular expression cannot use the filter: they scan the window, and say so.
 - Lines written around the writer (straight into ``logs``) are in no block and a filtered search
@@ -32,7 +32,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-BLOCK_LINES = 8192  # lines per block: an admitted block costs a scan of about this many lines
+# Lines per block: an admitted block costs a scan of about this many lines. At 2 M lines, 2,048 (one of
+# DuckDB's vectors) against 8,192: a rare phrase's 10 blocks 46 -> 25 ms, text found nowhere 1.5 -> 2.5 ms
+# (4x the blocks' bits to test), +0.13 bytes on disk a line (bench/search_scale.py's file, in-process).
+BLOCK_LINES = 2048
 NBITS = 26 ** 3
 _FOLD = bytes(c + 32 if 65 <= c <= 90 else c if 97 <= c <= 122 else 32 for c in range(256))
 _TO_ASCII = ((b"\xe2\x84\xaa", b"k"), (b"\xc4\xb0", b"i"))  # U+212A, U+0130: DuckDB's lower() gives k, i
