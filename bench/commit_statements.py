@@ -112,6 +112,7 @@ def commits(directory: Path, per_commit: int) -> tuple[float, dict[str, float], 
     rng = random.Random(per_commit)
     con = TimedConnection(store.open_database(directory / f"commits-{per_commit}.duckdb", threads=1))
     blocks = tokens.BlockWriter()
+    parts = store.StreamParts() if hasattr(store, "StreamParts") else True  # (an older tree: A/B runs)
     seqs: dict = {}
     lines = 0
     total = 0.0
@@ -130,8 +131,10 @@ def commits(directory: Path, per_commit: int) -> tuple[float, dict[str, float], 
         known |= seen
         instances = dict.fromkeys(touch, 1_764_000_000_000_000)
         t0 = time.thread_time()
-        store.write_batch(con, logs, [], MetricRows(), instances, 1_800_000_000_000_000 + n, blocks=blocks)
+        store.write_batch(con, logs, [], MetricRows(), instances, 1_800_000_000_000_000 + n, blocks=blocks, stream_lines=parts)
         blocks.committed()
+        if parts is not True:
+            parts.committed()
         total += time.thread_time() - t0
         lines += len(logs)
     con.con.close()

@@ -1,5 +1,5 @@
-"""What is stored of each log stream (log_stream_lines, migration 019): kept by the writer in the
-commit that stores the lines, so that the views the policies read every cycle (log_streams and those
+"""What is stored of each log stream (log_stream_lines, migration 019; kept as parts since 023): kept by
+the writer in the commit that stores the lines, so that the views the policies read every cycle (log_streams and those
 built on it) cost what the streams are, not every line ever stored (issue 21: decisions late)."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_the_destroy_rule_scans_no_stored_line(tmp_path):
         plan = orjson.loads(con.execute("EXPLAIN (FORMAT json) " + rule.sql, {p: params[p] for p in rule.params}
                                         ).fetchall()[0][1])
         scanned = set().union(*(_tables_scanned(p) for p in plan))
-        assert "logs" not in scanned and "log_stream_lines" in scanned, sorted(scanned)
+        assert "logs" not in scanned and "log_stream_parts" in scanned, sorted(scanned)
     finally:
         con.close()
 
@@ -115,6 +115,62 @@ def test_migration_counts_the_lines_stored_before_it(tmp_path):
         con.close()
 
 
+def _commit(con, parts, stream_rows: list[tuple[str, str, list[int]]], received_us: int, actions=()) -> None:
+    """One group commit of ``stream_rows`` (instance, source, seqs) through store.write_batch."""
+    from ingest.contract.codec import MetricRows
+    logs = store.LogColumns.empty()
+    for instance_id, source, seqs in stream_rows:
+        logs.append(store.log_chunk_batch(instance_id, source, "0", seqs, [1_764_415_248_000_000 + s for s in seqs],
+                                          [f"line {s}" for s in seqs], [s % 5 == 0 for s in seqs]))
+    store.write_batch(con, logs, [], MetricRows(), {}, received_us, list(actions), stream_lines=parts)
+    parts.committed()
+
+
+def test_stream_parts_are_folded_when_due_and_the_figures_never_change(tmp_path):
+    """Each commit appends a part per stream; once the parts are more than twice what the last fold left
+    plus the slack, that commit folds them to one per stream: log_stream_lines reads the same throughout,
+    and a read never folds more than about twice the streams. A rolled-back commit leaves the count to
+    be taken again."""
+    con = store.open_database(tmp_path / "f.duckdb")
+    parts = store.StreamParts(slack=10)
+    streams = [(f"C.{i}", source) for i in range(3) for source in ("benchout", "benchdaemon")]
+    try:
+        high = 0
+        for n in range(40):
+            _commit(con, parts, [(i, s, list(range(n * 3, n * 3 + 3))) for i, s in streams[n % 2::2]], 1_800_000_000_000_000 + n)
+            (stored,) = con.execute("SELECT count(*) FROM log_stream_parts").fetchone()
+            assert stored == parts.rows and stored <= 2 * len(streams) + 10 + 3, (n, stored)
+            assert con.execute(KEPT).fetchall() == con.execute(AGGREGATE).fetchall(), n
+            high = max(high, stored)
+        assert high > len(streams) and parts.floor == len(streams), (high, parts.floor)  # folds happened
+        try:  # a commit that fails after its parts went in: rolled back, and the count is taken afresh
+            def fail(_con):
+                raise RuntimeError("the action failed")
+            _commit(con, parts, [("C.9", "benchout", [0, 1])], 1_900_000_000_000_000, actions=[fail])
+        except Exception:
+            parts.rolled_back()
+        assert parts.rows is None
+        _commit(con, parts, [("C.9", "benchout", [0, 1])], 1_900_000_000_000_001)
+        (stored,) = con.execute("SELECT count(*) FROM log_stream_parts").fetchone()
+        assert stored == parts.rows and con.execute(KEPT).fetchall() == con.execute(AGGREGATE).fetchall()
+    finally:
+        con.close()
+
+
+def test_migration_023_keeps_the_figures_019_kept(tmp_path):
+    con = duckdb.connect(str(tmp_path / "f.duckdb"))
+    try:
+        store.migrate(con, [m for m in store.migrations() if m[0] < 23])
+        con.execute("""INSERT INTO logs SELECT 'C.' || (i % 3)::VARCHAR, 'benchout', '0', i, TIMESTAMP '2026-12-01' + to_seconds(i),
+                       TIMESTAMP '2026-12-01', 'l', i % 7 = 0 FROM range(100) t(i)""")
+        con.execute(f"INSERT INTO log_stream_lines SELECT {store.STREAM_FIGURES_SQL}, max(received_at) FROM logs GROUP BY ALL")
+        before = con.execute(KEPT).fetchall()
+        store.migrate(con)
+        assert con.execute(KEPT).fetchall() == before == con.execute(AGGREGATE).fetchall() and len(before) == 3
+    finally:
+        con.close()
+
+
 # -- what logs_complete events declared (log_stream_declared, migration 022) --------------------------
 DECLARED = "SELECT instance_id, run_id, source, declared_last_seq, dropped FROM log_stream_declared ORDER BY ALL"
 FROM_EVENTS = f"SELECT * FROM ({store.STREAM_DECLARATIONS_SQL.format(events='events')}) ORDER BY ALL"
@@ -126,7 +182,7 @@ def test_log_streams_reads_no_event_body(tmp_path):
     try:
         plan = orjson.loads(con.execute("EXPLAIN (FORMAT json) SELECT * FROM log_streams").fetchall()[0][1])
         scanned = set().union(*(_tables_scanned(p) for p in plan))
-        assert scanned == {"log_stream_lines", "log_stream_declared"}, sorted(scanned)
+        assert scanned == {"log_stream_parts", "log_stream_declared"}, sorted(scanned)
     finally:
         con.close()
 

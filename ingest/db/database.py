@@ -75,6 +75,7 @@ class Database:
             write_batch=_lake_write_batch(self.slots) if self.slots else None,
             max_streams_per_instance=settings.max_streams_per_instance,
             blocks=None if settings.lake else tokens.BlockWriter(),
+            stream_parts=None if settings.lake else store.StreamParts(),
         )
         self.reader = Reader(
             self.con, index, tail, metrics,

@@ -214,7 +214,7 @@ def write_batch(
     received_us: int,
     actions: list[Callable[[duckdb.DuckDBPyConnection], Any]] = (),
     blocks: Any = None,
-    stream_lines: bool = True,
+    stream_lines: "bool | StreamParts" = True,
 ) -> tuple[list[bool], list[Any]]:
     """Write one group commit; returns, per event, whether it was new (not a duplicate), and
     what each action returned (actions run last, inside the same transaction).
@@ -222,7 +222,8 @@ def write_batch(
     ``instances`` maps every instance seen in the batch to its newest timestamp (for last_seen).
     ``blocks`` (an ``ingest.db.searchtokens.BlockWriter``, file mode) writes the token filter of the log rows in
     the same transaction; the caller tells it whether the commit held. ``stream_lines`` (file mode):
-    the log rows are added to log_stream_lines (migration 019) in the same transaction too.
+    the log rows' figures are added to log_stream_lines (migrations 019, 023) in the same transaction
+    too; a ``StreamParts`` (the writer's) also folds the parts when they are due, and is told the same.
     Everything happens in one transaction: on error it is rolled back and StoreError raised.
     """
     fresh: list[bool] = []
@@ -271,21 +272,61 @@ def warm_up() -> None:
 
 
 # A stream's figures in log_stream_lines (migration 019) from its log rows, grouped by stream: the commit's
-# rows (the writer), every stored row (writes.recount_stream_lines), the lake's rows (its view)
+# rows (the writer, into log_stream_parts: 023), every stored row (writes.recount_stream_lines), the lake's rows (its view)
 STREAM_FIGURES_SQL = """instance_id, source, run_id, count(*) AS lines, min(seq) AS first_seq, max(seq) AS last_seq,
        count(*) FILTER (WHERE truncated) AS truncated, min(ts) AS first_ts, max(ts) AS last_ts"""
-# What a commit's log rows add to each stream's figures: its rows are new (the writer's exactly-once
-# filter dropped the lines already stored or already in the group), so counts add up
-_ADD_STREAM_LINES_SQL = f"""
-INSERT INTO log_stream_lines
+# What a commit's log rows add to each stream's figures, as a part of their own (023): its rows are new
+# (the writer's exactly-once filter dropped the lines already stored or already in the group), so the
+# parts of a stream add up
+_ADD_STREAM_PARTS_SQL = f"""
+INSERT INTO log_stream_parts
 SELECT {STREAM_FIGURES_SQL}, make_timestamp({{received_us}}::BIGINT)
 FROM _log_batch GROUP BY ALL
-ON CONFLICT (instance_id, source, run_id) DO UPDATE SET
-    lines = lines + excluded.lines, first_seq = least(first_seq, excluded.first_seq),
-    last_seq = greatest(last_seq, excluded.last_seq), truncated = truncated + excluded.truncated,
-    first_ts = least(first_ts, excluded.first_ts), last_ts = greatest(last_ts, excluded.last_ts),
-    last_received_at = greatest(last_received_at, excluded.last_received_at)
 """
+STREAM_PARTS_SLACK = 4096
+
+
+class StreamParts:
+    """The writer's count of the rows of log_stream_parts (023), so that a commit folds them into one row
+    per stream once they are more than twice what the last fold left plus ``slack``: a read of
+    log_stream_lines then folds at most about twice the streams, and the fold's cost (a few ms per
+    thousand streams) comes once per that many parts. On the writer thread only; ``add`` runs inside
+    the commit's transaction, ``committed`` / ``rolled_back`` as the commit went (after a rollback the
+    rows are counted again at the next commit)."""
+
+    def __init__(self, slack: int = STREAM_PARTS_SLACK) -> None:
+        self.slack = slack
+        self.rows: int | None = None  # rows of the table, as of the last commit
+        self.floor = 0  # rows the last fold left (or the count, when counted)
+        self._pending: tuple[int, int] | None = None
+
+    def add(self, con: duckdb.DuckDBPyConnection, inserted: int) -> None:
+        if self.rows is None:
+            rows = floor = con.execute("SELECT count(*) FROM log_stream_parts").fetchone()[0]
+        else:
+            rows, floor = self.rows + inserted, self.floor
+        if rows > 2 * floor + self.slack:
+            rows = floor = fold_stream_parts(con)
+        self._pending = (rows, floor)
+
+    def committed(self) -> None:
+        if self._pending is not None:
+            self.rows, self.floor = self._pending
+            self._pending = None
+
+    def rolled_back(self) -> None:
+        self._pending = None
+        self.rows = None
+
+
+def fold_stream_parts(con: duckdb.DuckDBPyConnection) -> int:
+    """log_stream_parts folded into one row per stream (what log_stream_lines reads, unchanged); the rows left."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _stream_fold AS SELECT * FROM log_stream_lines")
+    try:
+        con.execute("DELETE FROM log_stream_parts")
+        return con.execute("INSERT INTO log_stream_parts SELECT * FROM _stream_fold").fetchone()[0]
+    finally:
+        con.execute("DROP TABLE IF EXISTS temp._stream_fold")
 
 
 # What logs_complete events declared of each stream (log_stream_declared, migration 022), from the events
@@ -333,15 +374,19 @@ def _add_stream_declarations(con: duckdb.DuckDBPyConnection, events: pa.Table) -
         con.unregister("_declared_batch")
 
 
-def _insert_logs(con: duckdb.DuckDBPyConnection, logs: LogColumns, received_us: int, stream_lines: bool = True) -> None:
-    table = pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA)
-    con.from_arrow(table).project(LOG_COLUMNS_SQL.format(received_us=int(received_us))).insert_into("logs")
-    if stream_lines:
-        con.register("_log_batch", table)
-        try:
-            con.execute(_ADD_STREAM_LINES_SQL.format(received_us=int(received_us)))
-        finally:
-            con.unregister("_log_batch")
+def _insert_logs(con: duckdb.DuckDBPyConnection, logs: LogColumns, received_us: int,
+                 stream_lines: "bool | StreamParts" = True) -> None:
+    """The commit's log rows into ``logs`` and (``stream_lines``) their figures into log_stream_parts, both
+    read from one registered Arrow table (a scan of one costs ~2 ms of setup: bench/commit_statements.py)."""
+    con.register("_log_batch", pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA))
+    try:
+        con.execute(f"INSERT INTO logs SELECT {LOG_COLUMNS_SQL.format(received_us=int(received_us))} FROM _log_batch")
+        if stream_lines:
+            (inserted,) = con.execute(_ADD_STREAM_PARTS_SQL.format(received_us=int(received_us))).fetchone()
+            if isinstance(stream_lines, StreamParts):
+                stream_lines.add(con, inserted)
+    finally:
+        con.unregister("_log_batch")
 
 
 def _upsert_instances(con: duckdb.DuckDBPyConnection, instances: dict[str, int], received_us: int) -> None:

@@ -113,8 +113,11 @@ class Writer:
         write_batch: Callable[..., tuple[list[bool], list[Any]]] | None = None,  # lake mode: ingest.db.lake.storage's
         max_streams_per_instance: int | None = None,  # None: no cap
         blocks: Any = None,  # an ingest.db.searchtokens.BlockWriter: the search's token filter, in each commit (file mode)
+        stream_parts: store.StreamParts | None = None,  # log_stream_parts' count, to fold them when due (file mode)
     ) -> None:
         self._blocks = blocks
+        self._stream_parts = stream_parts
+        self._told = [helper for helper in (blocks, stream_parts) if helper is not None]  # told how each commit went
         self._max_streams_per_instance = max_streams_per_instance
         self._con = con
         self._write_batch = write_batch
@@ -323,11 +326,11 @@ class Writer:
             else:
                 fresh, action_results = store.write_batch(
                     self._con, staged.logs, staged.events, staged.metrics, instances, received_us, staged.actions,
-                    blocks=self._blocks)
+                    blocks=self._blocks, stream_lines=self._stream_parts or True)
         except StoreError as e:
             self._changed_all = time.monotonic()  # what a failed commit, a reopen, a retry left: not told, so any
-            if self._blocks is not None:
-                self._blocks.rolled_back()
+            for helper in self._told:
+                helper.rolled_back()
             self._metrics.commit_errors.inc()
             if is_storage_failure(e):
                 logger.error("the database cannot write (%s); refusing writes until it is reopened", e)
@@ -355,8 +358,8 @@ class Writer:
             _resolve(batch[0], error=e)
             return
         self._note_changes(staged)
-        if self._blocks is not None:
-            self._blocks.committed()
+        for helper in self._told:
+            helper.committed()
         self._touched(staged.instances, instances, received_us)
         self._metrics.commit_seconds.observe(time.perf_counter() - started)
         self._metrics.batch_rows.observe(len(staged.logs) + len(staged.events) + len(staged.metrics))

@@ -155,19 +155,19 @@ def store_verdict(con: duckdb.DuckDBPyConnection, *, machine_id: int, verdict: s
 
 
 def delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str, stream_lines: bool = True) -> int:
-    """``stream_lines`` (file mode): the instance's rows of log_stream_lines go with its lines (019)."""
+    """``stream_lines`` (file mode): the instance's parts of log_stream_lines go with its lines (019, 023)."""
     deleted = con.execute("DELETE FROM logs WHERE instance_id = ?", [instance_id]).fetchone()[0]
     con.execute("DELETE FROM metrics WHERE instance_id = ?", [instance_id])
     if stream_lines:
-        con.execute("DELETE FROM log_stream_lines WHERE instance_id = ?", [instance_id])
+        con.execute("DELETE FROM log_stream_parts WHERE instance_id = ?", [instance_id])
     return deleted
 
 
 def recount_stream_lines(con: duckdb.DuckDBPyConnection, instance_ids: list[str] | None = None) -> None:
     """log_stream_lines of ``instance_ids`` (every instance when None) counted again from ``logs``."""
     where, params = ("WHERE instance_id IN (SELECT unnest(?::VARCHAR[]))", [instance_ids]) if instance_ids is not None else ("", [])
-    con.execute(f"DELETE FROM log_stream_lines {where}", params)
-    con.execute(f"INSERT INTO log_stream_lines SELECT {store.STREAM_FIGURES_SQL}, max(received_at) FROM logs {where} GROUP BY ALL",
+    con.execute(f"DELETE FROM log_stream_parts {where}", params)
+    con.execute(f"INSERT INTO log_stream_parts SELECT {store.STREAM_FIGURES_SQL}, max(received_at) FROM logs {where} GROUP BY ALL",
                 params)
 
 

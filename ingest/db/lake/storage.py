@@ -71,7 +71,10 @@ SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id
 # 10, 15, 16, 17, 18 and 21 only (re)define views (17 a macro too); 14 and 20 (log_blocks, the search's token filter) have no lake
 # table: the lake keeps no blocks and its searches scan the window (docs/scale-out.md). 19's table (log_stream_lines, what is
 # stored of each log stream, kept by the file's writer) is a view here that counts the lake's lines (LAKE_STREAM_LINES), as 010 did.
-LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22})
+LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23})
+# 23 keeps 19's figures as parts the file's writer appends, and makes log_stream_lines a view that folds them: the lake's
+# log_stream_lines stays its own (LAKE_STREAM_LINES), so that view of the migrations is not made here (LAKE_OWN_VIEWS).
+LAKE_OWN_VIEWS = frozenset({"log_stream_lines"})
 LAKE_STREAM_LINES = f"""CREATE OR REPLACE VIEW memory.main.log_stream_lines AS
 SELECT {store.STREAM_FIGURES_SQL}, max(received_at) AS last_received_at
 FROM {LAKE}.main.logs GROUP BY ALL"""
@@ -128,7 +131,7 @@ ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS run_id text;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS started_received_at timestamp;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS done_received_at timestamp;
 INSERT INTO schema_migrations (version, name)
-    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes'), (19, 'log_stream_lines'), (20, 'block_received'), (21, 'params_run'), (22, 'log_stream_declared')
+    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes'), (19, 'log_stream_lines'), (20, 'block_received'), (21, 'params_run'), (22, 'log_stream_declared'), (23, 'log_stream_parts')
     ON CONFLICT DO NOTHING;
 """
 
@@ -168,7 +171,7 @@ def _migration_views(migrations: list[tuple[int, str, str]]) -> list[str]:
         for statement in duckdb.extract_statements(sql):
             text = re.sub(r"^(\s*--[^\n]*\n|\s+)*", "", statement.query)  # the comments before it
             match = re.match(r"CREATE\s+(?:OR\s+REPLACE\s+)?(VIEW|MACRO)\s+(\w+)\b", text, re.IGNORECASE)
-            if match:  # a macro (017's line_template) before the views that call it, as in the file
+            if match and match.group(2).lower() not in LAKE_OWN_VIEWS:  # a macro (017's line_template) before the views that call it, as in the file
                 out.append(f"CREATE OR REPLACE {match.group(1).upper()} memory.main.{match.group(2)}" + text[match.end():])
     return out
 
