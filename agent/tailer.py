@@ -17,7 +17,9 @@ What the path may do, and what the tailer does about it:
   same bytes as the file did; then the file is read again from its start. When no such copy is
   found, or the copy ends before what was already read (the writer went on between the copy and
   the truncation), a loss cannot be excluded: it is counted (``lost_lines``, at least one per
-  such truncation, and ``lost_bytes`` when known) and logged, never passed over in silence. The
+  such truncation, and ``lost_bytes`` when known) and logged, never passed over in silence. A copy
+  of bytes the file holds but the tailer has not read yet (the next copytruncate's copy made, its
+  truncation not yet) is looked at again until they are read: the truncation may come first. The
   bytes written between logrotate's copy and its truncation, when no poll fell in between, are
   lost for every reader, and cannot be seen (logrotate's own manual says so).
 - end without a newline: the partial line is held until its newline arrives, or until the file is
@@ -49,6 +51,7 @@ HEAD_BYTES = 1024
 IDENTITY_BYTES = 256  # a sibling is known by its inode and the checksum of its first bytes
 MAX_KNOWN_SIBLINGS = 4096
 RESCAN_POLLS = 3  # after a rotation, the siblings are looked at again for this many polls
+COPY_LISTINGS = 3  # listings of the siblings that look for the copy of a truncated file
 READ_CHUNK_BYTES = 256 * 1024
 MAX_READ_PER_POLL_BYTES = 1024 * 1024
 ROTATED_SUFFIXES_SKIPPED = (".gz", ".bz2", ".xz", ".zst", ".zip")
@@ -366,7 +369,16 @@ class FileTailer:
     def _find_copy(self, cur: _Open) -> tuple[int, os.stat_result] | None:
         """The sibling that starts with the bytes the file started with: the one agreeing on the
         most of them, then the newest (a copy that ends before what was read is still the copy,
-        and says the writer went on after it)."""
+        and says the writer went on after it). The siblings are listed by name and opened one by
+        one, so a rotation shifting them (NAME.1 -> NAME.2) meanwhile can hide the copy from one
+        listing: up to COPY_LISTINGS are tried before the copy is taken for gone."""
+        for _ in range(COPY_LISTINGS):
+            found = self._find_copy_once(cur)
+            if found is not None:
+                return found
+        return None
+
+    def _find_copy_once(self, cur: _Open) -> tuple[int, os.stat_result] | None:
         best: tuple[tuple[int, int], int, os.stat_result] | None = None
         for candidate in self._siblings():
             try:
@@ -451,7 +463,11 @@ class FileTailer:
         unknown = self._remember_siblings()
         unknown.sort(key=lambda u: (u[1].st_mtime_ns, u[2]))
         for fd, st, candidate in unknown:
-            if copies_of is not None and self._copy_of_current(fd, copies_of):
+            copy = self._copy_of_current(fd, copies_of) if copies_of is not None else None
+            if copy == "unread":  # of bytes still to be read from the file, which may be truncated first
+                self._known.pop((st.st_dev, st.st_ino), None)  # so it is looked at again until they are read
+                self._rescans = max(self._rescans, 1)
+            if copy:
                 os.close(fd)
                 continue
             logger.info("%s: %s appeared since the last poll and was never read: reading it from its start", self.path, candidate)
@@ -461,16 +477,19 @@ class FileTailer:
         return lines
 
     @staticmethod
-    def _copy_of_current(fd: int, cur: _Open) -> bool:
-        """Does the sibling start as the current file does now, or as it did when we read it (it
-        may have been truncated since: ``_truncated`` reads the copy's end then)? A copy being
-        written may be shorter than either: the bytes it has so far are compared."""
+    def _copy_of_current(fd: int, cur: _Open) -> str | None:
+        """Does the sibling start as the current file did when we read it ("read": it may have been
+        truncated since, and ``_truncated`` reads the copy's end then), or as it does now, beyond what
+        we read of it ("unread": skipped for now, but the file may be truncated before we read those
+        bytes, the next copytruncate's copy made and its truncation not yet: then they are only in the
+        copy, which is looked at again)? None: not a copy. A copy being written may be shorter than
+        either: the bytes it has so far are compared."""
         size = os.fstat(fd).st_size
         n = min(size, len(cur.head))
         if n and os.pread(fd, n, 0) == bytes(cur.head[:n]):
-            return True
+            return "read"
         n = min(os.fstat(cur.fd).st_size, size, HEAD_BYTES)
-        return n > 0 and os.pread(fd, n, 0) == os.pread(cur.fd, n, 0)
+        return "unread" if n > 0 and os.pread(fd, n, 0) == os.pread(cur.fd, n, 0) else None
 
     def _read(self, f: _Open) -> list[str]:
         lines: list[str] = []

@@ -185,6 +185,74 @@ def test_tailer_reads_the_copies_of_a_file_copytruncated_twice_between_two_polls
     tailer.close()
 
 
+def test_tailer_reads_a_copy_it_skipped_when_the_file_is_truncated_before_it_reads_it(tmp_path, monkeypatch):
+    """The poll finds the file truncated (g2 in it now) and, among the siblings, the copy of g2 that the next
+    copytruncate has made but not yet truncated: a copy of what it is about to read from the file, so it
+    is skipped. The truncation then comes before the poll reads the file, which holds g3 by then: g2
+    is only in the copy, and must be read from it (seen under load in CI: 3 lines lost, none counted)."""
+    path = tmp_path / "curio.log"
+    f = open(path, "ab", buffering=0)
+    f.write(b"g1 a\n")
+    tailer = FileTailer(str(path), rotate_wait_s=0.0)
+    assert tailer.poll() == ["g1 a"]
+    f.write(b"g1 b\n")
+    shutil.copyfile(path, tmp_path / "curio.log.1")  # copytruncate 1
+    os.truncate(path, 0)
+    f.write(b"g2 a\n")
+    os.replace(tmp_path / "curio.log.1", tmp_path / "curio.log.2")  # copytruncate 2: the copy ...
+    shutil.copyfile(path, tmp_path / "curio.log.1")
+    decide = FileTailer._copy_of_current
+    armed = [True]
+
+    def then_truncate(fd, cur):  # ... and its truncation, right after the poll looked at the copy
+        found = decide(fd, cur)
+        if armed and found:
+            armed.clear()
+            os.truncate(path, 0)
+            f.write(b"g3 a\n")
+        return found
+
+    monkeypatch.setattr(FileTailer, "_copy_of_current", staticmethod(then_truncate))
+    out = tailer.poll()
+    assert not armed, "the poll did not meet the copy it was meant to meet"
+    for _ in range(5):
+        out += tailer.poll()
+    out += tailer.finish()
+    f.close()
+    assert sorted(out) == ["g1 b", "g2 a", "g3 a"] and tailer.lost_lines == 0, out
+
+
+def test_tailer_finds_the_copy_of_a_truncated_file_when_a_rotation_renames_it_during_the_listing(tmp_path, monkeypatch):
+    """The siblings are listed by name and opened one by one: a rotation shifting NAME.1 -> NAME.2 between the
+    listing and the opening hides the copy for that listing (seen under load: no copy found, a loss
+    counted, then the copy read from its start as a generation never seen: its first lines twice)."""
+    path = tmp_path / "curio.log"
+    f = open(path, "ab", buffering=0)
+    f.write(b"g1 a\n")
+    tailer = FileTailer(str(path), rotate_wait_s=0.0)
+    assert tailer.poll() == ["g1 a"]
+    f.write(b"g1 b\n")
+    shutil.copyfile(path, tmp_path / "curio.log.1")  # copytruncate
+    os.truncate(path, 0)
+    f.write(b"g2 a\n")
+    listed = FileTailer._siblings
+    hidden = [True]
+
+    def listing(self, numbered=False):  # the first listing after the truncation misses the copy
+        names = listed(self, numbered)
+        if hidden:
+            hidden.clear()
+            return [n for n in names if not n.endswith(".1")]
+        return names
+
+    monkeypatch.setattr(FileTailer, "_siblings", listing)
+    out = tailer.poll()
+    out += tailer.finish()
+    f.close()
+    assert not hidden
+    assert out == ["g1 b", "g2 a"] and tailer.lost_lines == 0, (out, tailer.lost_lines)
+
+
 def test_tailer_counts_a_truncation_whose_copy_is_gone(tmp_path, caplog):
     path = tmp_path / "curio.log"
     f = open(path, "ab", buffering=0)
