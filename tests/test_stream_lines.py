@@ -157,6 +157,62 @@ def test_stream_parts_are_folded_when_due_and_the_figures_never_change(tmp_path)
         con.close()
 
 
+def test_stream_parts_stay_bounded_across_restarts(tmp_path):
+    """Each process (or a rolled-back commit) counts the parts afresh: the count must be held against the
+    streams, not taken as what the last fold left, or a server restarted before each fold was due
+    would never fold again (the parts, and every read of log_stream_lines, growing for good)."""
+    con = store.open_database(tmp_path / "f.duckdb")
+    streams = [(f"C.{i}", "benchout") for i in range(5)]
+    try:
+        seq = 0
+        for life in range(12):
+            parts = store.StreamParts(slack=10)  # a restarted writer
+            for _ in range(3):
+                _commit(con, parts, [(i, s, [seq, seq + 1]) for i, s in streams], 1_800_000_000_000_000 + seq)
+                seq += 2
+            (stored,) = con.execute("SELECT count(*) FROM log_stream_parts").fetchone()
+            assert stored <= 2 * len(streams) + 10 + len(streams), (life, stored)
+        assert con.execute(KEPT).fetchall() == con.execute(AGGREGATE).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_fold_that_fails_says_why(tmp_path, monkeypatch):
+    """A statement of the fold that fails (out of memory, a full disk) is the error the commit reports, so
+    that the writer can tell a storage failure from a bad request."""
+    con = store.open_database(tmp_path / "f.duckdb")
+    parts = store.StreamParts(slack=0)
+    try:
+        _commit(con, parts, [("C.1", "benchout", [0])], 1_800_000_000_000_000)
+        real = store.fold_stream_parts
+
+        class Failing:  # the fold's insert fails as DuckDB's statements fail: the transaction aborted
+            def __init__(self, c):
+                self.c = c
+
+            def execute(self, sql, *args):
+                if sql.startswith("INSERT INTO log_stream_parts"):
+                    return self.c.execute("SELECT error('the fold ran out of memory')")
+                return self.c.execute(sql, *args)
+
+        def failing(c):
+            return real(Failing(c))
+
+        monkeypatch.setattr(store, "fold_stream_parts", failing)
+        try:
+            _commit(con, parts, [("C.1", "benchout", [1]), ("C.2", "benchout", [0])], 1_800_000_000_000_001)
+        except store.StoreError as e:
+            assert "the fold ran out of memory" in str(e), e
+        else:
+            raise AssertionError("the failing fold did not fail the commit")
+        parts.rolled_back()
+        monkeypatch.setattr(store, "fold_stream_parts", real)
+        _commit(con, parts, [("C.1", "benchout", [1]), ("C.2", "benchout", [0])], 1_800_000_000_000_002)
+        assert con.execute(KEPT).fetchall() == con.execute(AGGREGATE).fetchall()
+    finally:
+        con.close()
+
+
 def test_migration_023_keeps_the_figures_019_kept(tmp_path):
     con = duckdb.connect(str(tmp_path / "f.duckdb"))
     try:

@@ -297,12 +297,13 @@ class StreamParts:
     def __init__(self, slack: int = STREAM_PARTS_SLACK) -> None:
         self.slack = slack
         self.rows: int | None = None  # rows of the table, as of the last commit
-        self.floor = 0  # rows the last fold left (or the count, when counted)
+        self.floor = 0  # rows the last fold left (the streams, when counted afresh)
         self._pending: tuple[int, int] | None = None
 
     def add(self, con: duckdb.DuckDBPyConnection, inserted: int) -> None:
-        if self.rows is None:
-            rows = floor = con.execute("SELECT count(*) FROM log_stream_parts").fetchone()[0]
+        if self.rows is None:  # counted: the floor is the streams (what a fold would leave), not the parts
+            rows, floor = con.execute(
+                "SELECT (SELECT count(*) FROM log_stream_parts), (SELECT count(*) FROM log_stream_lines)").fetchone()
         else:
             rows, floor = self.rows + inserted, self.floor
         if rows > 2 * floor + self.slack:
@@ -320,13 +321,14 @@ class StreamParts:
 
 
 def fold_stream_parts(con: duckdb.DuckDBPyConnection) -> int:
-    """log_stream_parts folded into one row per stream (what log_stream_lines reads, unchanged); the rows left."""
+    """log_stream_parts folded into one row per stream (what log_stream_lines reads, unchanged); the rows left.
+    In the caller's transaction: if a statement fails, the rollback takes the temporary table too (no
+    cleanup statement here, which in an aborted transaction would fail and hide the error)."""
     con.execute("CREATE OR REPLACE TEMP TABLE _stream_fold AS SELECT * FROM log_stream_lines")
-    try:
-        con.execute("DELETE FROM log_stream_parts")
-        return con.execute("INSERT INTO log_stream_parts SELECT * FROM _stream_fold").fetchone()[0]
-    finally:
-        con.execute("DROP TABLE IF EXISTS temp._stream_fold")
+    con.execute("DELETE FROM log_stream_parts")
+    (rows,) = con.execute("INSERT INTO log_stream_parts SELECT * FROM _stream_fold").fetchone()
+    con.execute("DROP TABLE temp._stream_fold")
+    return rows
 
 
 # What logs_complete events declared of each stream (log_stream_declared, migration 022), from the events
