@@ -185,20 +185,27 @@ def test_tailer_reads_the_copies_of_a_file_copytruncated_twice_between_two_polls
     tailer.close()
 
 
-def test_tailer_reads_a_copy_it_skipped_when_the_file_is_truncated_before_it_reads_it(tmp_path, monkeypatch):
-    """The poll finds the file truncated (g2 in it now) and, among the siblings, the copy of g2 that the next
-    copytruncate has made but not yet truncated: a copy of what it is about to read from the file, so it
-    is skipped. The truncation then comes before the poll reads the file, which holds g3 by then: g2
-    is only in the copy, and must be read from it (seen under load in CI: 3 lines lost, none counted)."""
+def _copytruncated_once(tmp_path):
+    """curio.log read once (g1 a), then g1 b written, copied to curio.log.1 and truncated, then g2 a written:
+    the path, the writer's file and the tailer."""
     path = tmp_path / "curio.log"
     f = open(path, "ab", buffering=0)
     f.write(b"g1 a\n")
     tailer = FileTailer(str(path), rotate_wait_s=0.0)
     assert tailer.poll() == ["g1 a"]
     f.write(b"g1 b\n")
-    shutil.copyfile(path, tmp_path / "curio.log.1")  # copytruncate 1
+    shutil.copyfile(path, tmp_path / "curio.log.1")  # copytruncate
     os.truncate(path, 0)
     f.write(b"g2 a\n")
+    return path, f, tailer
+
+
+def test_tailer_reads_a_copy_it_skipped_when_the_file_is_truncated_before_it_reads_it(tmp_path, monkeypatch):
+    """The poll finds the file truncated (g2 in it now) and, among the siblings, the copy of g2 that the next
+    copytruncate has made but not yet truncated: a copy of what it is about to read from the file, so it
+    is skipped. The truncation then comes before the poll reads the file, which holds g3 by then: g2
+    is only in the copy, and must be read from it (seen under load in CI: 3 lines lost, none counted)."""
+    path, f, tailer = _copytruncated_once(tmp_path)
     os.replace(tmp_path / "curio.log.1", tmp_path / "curio.log.2")  # copytruncate 2: the copy ...
     shutil.copyfile(path, tmp_path / "curio.log.1")
     decide = FileTailer._copy_of_current
@@ -226,15 +233,7 @@ def test_tailer_finds_the_copy_of_a_truncated_file_when_a_rotation_renames_it_du
     """The siblings are listed by name and opened one by one: a rotation shifting NAME.1 -> NAME.2 between the
     listing and the opening hides the copy for that listing (seen under load: no copy found, a loss
     counted, then the copy read from its start as a generation never seen: its first lines twice)."""
-    path = tmp_path / "curio.log"
-    f = open(path, "ab", buffering=0)
-    f.write(b"g1 a\n")
-    tailer = FileTailer(str(path), rotate_wait_s=0.0)
-    assert tailer.poll() == ["g1 a"]
-    f.write(b"g1 b\n")
-    shutil.copyfile(path, tmp_path / "curio.log.1")  # copytruncate
-    os.truncate(path, 0)
-    f.write(b"g2 a\n")
+    path, f, tailer = _copytruncated_once(tmp_path)
     listed = FileTailer._siblings
     hidden = [True]
 
