@@ -21,6 +21,7 @@ update (1.4 ms). 64 bodies a commit: 9.7 us a line.
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import sys
@@ -113,6 +114,8 @@ def commits(directory: Path, per_commit: int) -> tuple[float, dict[str, float], 
     con = TimedConnection(store.open_database(directory / f"commits-{per_commit}.duckdb", threads=1))
     blocks = tokens.BlockWriter()
     parts = store.StreamParts() if hasattr(store, "StreamParts") else True  # (an older tree: A/B runs)
+    kind = "stream_parts" if "stream_parts" in inspect.signature(store.write_batch).parameters else "stream_lines"
+    parts_kw = {kind: parts}
     seqs: dict = {}
     lines = 0
     total = 0.0
@@ -131,7 +134,7 @@ def commits(directory: Path, per_commit: int) -> tuple[float, dict[str, float], 
         known |= seen
         instances = dict.fromkeys(touch, 1_764_000_000_000_000)
         t0 = time.thread_time()
-        store.write_batch(con, logs, [], MetricRows(), instances, 1_800_000_000_000_000 + n, blocks=blocks, stream_lines=parts)
+        store.write_batch(con, logs, [], MetricRows(), instances, 1_800_000_000_000_000 + n, blocks=blocks, **parts_kw)
         blocks.committed()
         if parts is not True:
             parts.committed()

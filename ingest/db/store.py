@@ -11,6 +11,7 @@ import importlib.util
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -214,16 +215,15 @@ def write_batch(
     received_us: int,
     actions: list[Callable[[duckdb.DuckDBPyConnection], Any]] = (),
     blocks: Any = None,
-    stream_lines: "bool | StreamParts" = True,
+    stream_parts: "StreamParts | None" = None,
 ) -> tuple[list[bool], list[Any]]:
     """Write one group commit; returns, per event, whether it was new (not a duplicate), and
     what each action returned (actions run last, inside the same transaction).
 
     ``instances`` maps every instance seen in the batch to its newest timestamp (for last_seen).
     ``blocks`` (an ``ingest.db.searchtokens.BlockWriter``, file mode) writes the token filter of the log rows in
-    the same transaction; the caller tells it whether the commit held. ``stream_lines`` (file mode):
-    the log rows' figures are added to log_stream_lines (migrations 019, 023) in the same transaction
-    too; a ``StreamParts`` (the writer's) also folds the parts when they are due, and is told the same.
+    the same transaction; the caller tells it whether the commit held. ``stream_parts`` (the writer's, file
+    mode) keeps log_stream_lines' parts (migrations 023, 024) in the same transaction, and is told the same.
     Everything happens in one transaction: on error it is rolled back and StoreError raised.
     """
     fresh: list[bool] = []
@@ -233,7 +233,7 @@ def write_batch(
         con.execute("BEGIN")
         _upsert_instances(con, instances, received_us)
         if len(logs):
-            _insert_logs(con, logs, received_us, stream_lines)
+            _insert_logs(con, logs, received_us, stream_parts)
             if blocks is not None:
                 blocks.add(con, logs.batches, received_us)
         if len(metrics):
@@ -271,48 +271,75 @@ def warm_up() -> None:
     import pyarrow.dataset  # noqa: F401
 
 
-# A stream's figures in log_stream_lines (migration 019) from its log rows, grouped by stream: the commit's
-# rows (the writer, into log_stream_parts: 023), every stored row (writes.recount_stream_lines), the lake's rows (its view)
+# A stream's figures in log_stream_lines (migration 019) from its log rows, grouped by stream: the tail's rows
+# when the writer moves the mark (024), a commit's rows stamped at or before the mark (StreamParts), every stored
+# row up to the mark (writes.recount_stream_lines), the lake's rows (its view)
 STREAM_FIGURES_SQL = """instance_id, source, run_id, count(*) AS lines, min(seq) AS first_seq, max(seq) AS last_seq,
        count(*) FILTER (WHERE truncated) AS truncated, min(ts) AS first_ts, max(ts) AS last_ts"""
-# What a commit's log rows add to each stream's figures, as a part of their own (023): its rows are new
-# (the writer's exactly-once filter dropped the lines already stored or already in the group), so the
-# parts of a stream add up
+# A commit's rows stamped at or before the mark (a clock stepped back): log_stream_tail would not count them
 _ADD_STREAM_PARTS_SQL = f"""
 INSERT INTO log_stream_parts
 SELECT {STREAM_FIGURES_SQL}, make_timestamp({{received_us}}::BIGINT)
 FROM _log_batch GROUP BY ALL
 """
+# The tail (every row after the mark) into the parts; returns each new part's newest stamp
+_ADD_STREAM_TAIL_SQL = "INSERT INTO log_stream_parts SELECT * FROM log_stream_tail RETURNING epoch_us(last_received_at)"
 STREAM_PARTS_SLACK = 4096
+STREAM_MARK_INTERVAL_S = 1.0
+STREAM_MARK_LINES = 100_000
 
 
 class StreamParts:
-    """The writer's count of the rows of log_stream_parts (023), so that a commit folds them into one row
-    per stream once they are more than twice what the last fold left plus ``slack``: a read of
-    log_stream_lines then folds at most about twice the streams, and the fold's cost (a few ms per
-    thousand streams) comes once per that many parts. On the writer thread only; ``add`` runs inside
-    the commit's transaction, ``committed`` / ``rolled_back`` as the commit went (after a rollback the
-    rows are counted again at the next commit)."""
+    """The writer's side of log_stream_lines (migrations 023, 024): it moves the mark (the tail's figures into
+    log_stream_parts, in a commit) once STREAM_MARK_INTERVAL_S or STREAM_MARK_LINES have passed since it last did,
+    so that a read of log_stream_lines scans at most about that much of the newest lines; and it folds the parts
+    into one row per stream once they are more than twice what the last fold left plus ``slack``, so that such a
+    read folds at most about twice the streams (the fold's cost, a few ms per thousand streams, comes once per
+    that many parts). A commit whose stamp is not after the mark (the clock stepped back) adds its own figures.
 
-    def __init__(self, slack: int = STREAM_PARTS_SLACK) -> None:
+    On the writer thread only; ``add`` runs inside the commit's transaction, after its logs insert (its rows
+    registered as ``_log_batch``), ``committed`` / ``rolled_back`` as the commit went (after a rollback all is
+    read again at the next commit, which moves the mark)."""
+
+    def __init__(self, slack: int = STREAM_PARTS_SLACK, interval_s: float = STREAM_MARK_INTERVAL_S,
+                 lines: int = STREAM_MARK_LINES) -> None:
         self.slack = slack
-        self.rows: int | None = None  # rows of the table, as of the last commit
+        self.interval_s = interval_s
+        self.lines = lines
+        self.rows: int | None = None  # rows of log_stream_parts, as of the last commit (None: read them again)
         self.floor = 0  # rows the last fold left (the streams, when counted afresh)
-        self._pending: tuple[int, int] | None = None
+        self.mark_us = 0  # log_stream_mark's received_at
+        self.since = 0  # lines committed after the mark
+        self.marked_at = 0.0  # time.monotonic() of the last move
+        self._pending: tuple | None = None
 
-    def add(self, con: duckdb.DuckDBPyConnection, inserted: int) -> None:
+    def add(self, con: duckdb.DuckDBPyConnection, received_us: int, lines: int) -> None:
         if self.rows is None:  # counted: the floor is the streams (what a fold would leave), not the parts
-            rows, floor = con.execute(
-                "SELECT (SELECT count(*) FROM log_stream_parts), (SELECT count(*) FROM log_stream_lines)").fetchone()
+            rows, floor, mark_us = con.execute(
+                "SELECT (SELECT count(*) FROM log_stream_parts), (SELECT count(*) FROM log_stream_lines), "
+                "(SELECT epoch_us(max(received_at)) FROM log_stream_mark)").fetchone()
+            since, marked_at = self.lines, 0.0  # how much lies after the mark is not known: move it now
         else:
-            rows, floor = self.rows + inserted, self.floor
-        if rows > 2 * floor + self.slack:
-            rows = floor = fold_stream_parts(con)
-        self._pending = (rows, floor)
+            rows, floor, mark_us, since, marked_at = self.rows, self.floor, self.mark_us, self.since, self.marked_at
+        if received_us <= mark_us:
+            (added,) = con.execute(_ADD_STREAM_PARTS_SQL.format(received_us=int(received_us))).fetchone()
+            rows += added
+        else:
+            since += lines
+        now = time.monotonic()
+        if since >= self.lines or now - marked_at >= self.interval_s:
+            newest = [us for (us,) in con.execute(_ADD_STREAM_TAIL_SQL).fetchall()]
+            rows += len(newest)
+            mark_us = max([mark_us, *newest])
+            con.execute("UPDATE log_stream_mark SET received_at = make_timestamp($m)", {"m": mark_us})
+            since, marked_at = 0, now
+            if rows > 2 * floor + self.slack:
+                rows = floor = fold_stream_parts(con)
+        self._pending = (rows, floor, mark_us, since, marked_at)
 
     def committed(self) -> None:
         if self._pending is not None:
-            self.rows, self.floor = self._pending
+            self.rows, self.floor, self.mark_us, self.since, self.marked_at = self._pending
             self._pending = None
 
     def rolled_back(self) -> None:
@@ -321,7 +348,8 @@ class StreamParts:
 
 
 def fold_stream_parts(con: duckdb.DuckDBPyConnection) -> int:
-    """log_stream_parts folded into one row per stream (what log_stream_lines reads, unchanged); the rows left.
+    """log_stream_parts folded into one row per stream; the rows left. Right after the mark moved (the tail is
+    empty), so log_stream_lines is the parts folded and reads the same after.
     In the caller's transaction: if a statement fails, the rollback takes the temporary table too (no
     cleanup statement here, which in an aborted transaction would fail and hide the error)."""
     con.execute("CREATE OR REPLACE TEMP TABLE _stream_fold AS SELECT * FROM log_stream_lines")
@@ -377,16 +405,15 @@ def _add_stream_declarations(con: duckdb.DuckDBPyConnection, events: pa.Table) -
 
 
 def _insert_logs(con: duckdb.DuckDBPyConnection, logs: LogColumns, received_us: int,
-                 stream_lines: "bool | StreamParts" = True) -> None:
-    """The commit's log rows into ``logs`` and (``stream_lines``) their figures into log_stream_parts, both
-    read from one registered Arrow table (a scan of one costs ~2 ms of setup: bench/commit_statements.py)."""
+                 stream_parts: "StreamParts | None" = None) -> None:
+    """The commit's log rows into ``logs``, from a registered Arrow table (``_log_batch``: ``stream_parts`` may
+    read it too). Their figures are log_stream_lines' at once (log_stream_tail, 024); ``stream_parts`` (the
+    writer's, file mode) moves the mark when due."""
     con.register("_log_batch", pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA))
     try:
         con.execute(f"INSERT INTO logs SELECT {LOG_COLUMNS_SQL.format(received_us=int(received_us))} FROM _log_batch")
-        if stream_lines:
-            (inserted,) = con.execute(_ADD_STREAM_PARTS_SQL.format(received_us=int(received_us))).fetchone()
-            if isinstance(stream_lines, StreamParts):
-                stream_lines.add(con, inserted)
+        if stream_parts is not None:
+            stream_parts.add(con, received_us, len(logs))
     finally:
         con.unregister("_log_batch")
 

@@ -113,7 +113,7 @@ class Writer:
         write_batch: Callable[..., tuple[list[bool], list[Any]]] | None = None,  # lake mode: ingest.db.lake.storage's
         max_streams_per_instance: int | None = None,  # None: no cap
         blocks: Any = None,  # an ingest.db.searchtokens.BlockWriter: the search's token filter, in each commit (file mode)
-        stream_parts: store.StreamParts | None = None,  # log_stream_parts' count, to fold them when due (file mode)
+        stream_parts: store.StreamParts | None = None,  # log_stream_lines' mark and parts (file mode)
     ) -> None:
         self._blocks = blocks
         self._stream_parts = stream_parts
@@ -326,7 +326,7 @@ class Writer:
             else:
                 fresh, action_results = store.write_batch(
                     self._con, staged.logs, staged.events, staged.metrics, instances, received_us, staged.actions,
-                    blocks=self._blocks, stream_lines=self._stream_parts or True)
+                    blocks=self._blocks, stream_parts=self._stream_parts)
         except StoreError as e:
             self._changed_all = time.monotonic()  # what a failed commit, a reopen, a retry left: not told, so any
             for helper in self._told:
