@@ -1,6 +1,7 @@
-"""What is stored of each log stream (log_stream_lines, migration 019; kept as parts since 023): kept by
-the writer in the commit that stores the lines, so that the views the policies read every cycle (log_streams and those
-built on it) cost what the streams are, not every line ever stored (issue 21: decisions late)."""
+"""What is stored of each log stream (log_stream_lines, migration 019; kept as parts since 023, the lines
+after a mark counted from logs since 024): kept by the writer, consistent with every commit that stores
+lines, so that the views the policies read every cycle (log_streams and those built on it) cost what the
+streams are plus the newest lines, not every line ever stored (issue 21: decisions late)."""
 
 from __future__ import annotations
 
@@ -233,6 +234,41 @@ def test_a_commit_stamped_before_the_mark_is_counted_once(tmp_path):
         assert parts.mark_us == 1_800_000_000_000_300
     finally:
         con.close()
+
+
+def test_a_lost_mark_is_set_again_and_the_figures_counted_afresh(tmp_path):
+    """Without its row (a hand edit, a partial restore) log_stream_tail counts nothing: the writer's next
+    commit (and a recount) puts the mark back and counts the parts afresh, instead of failing every commit."""
+    con = store.open_database(tmp_path / "f.duckdb")
+    try:
+        parts = store.StreamParts(interval_s=3600, lines=1000)
+        _commit(con, parts, [("C.1", "benchout", [0, 1, 2])], 1_800_000_000_000_000)
+        _commit(con, parts, [("C.1", "benchout", [3]), ("C.2", "benchout", [0])], 1_800_000_000_000_001)
+        con.execute("DELETE FROM log_stream_mark")
+        writes.recount_stream_lines(con, ["C.1"])
+        assert con.execute(KEPT).fetchall() == con.execute(AGGREGATE).fetchall()
+        con.execute("DELETE FROM log_stream_mark")
+        parts = store.StreamParts(interval_s=3600, lines=1000)  # a restarted writer
+        _commit(con, parts, [("C.2", "benchout", [1])], 1_800_000_000_000_002)
+        assert con.execute(KEPT).fetchall() == con.execute(AGGREGATE).fetchall()
+        assert con.execute("SELECT count(*) FROM log_stream_mark").fetchone() == (1,)
+    finally:
+        con.close()
+
+
+def test_a_file_migrated_by_a_newer_fleetlog_is_refused(tmp_path):
+    """An older writer on a newer file would keep its figures as it knew how (023's per-commit parts under
+    024's tail: every line counted twice): it refuses to open it instead."""
+    store.open_database(tmp_path / "f.duckdb").close()
+    con = duckdb.connect(str(tmp_path / "f.duckdb"))
+    con.execute("INSERT INTO schema_migrations (version, name) VALUES (999, 'from the future')")
+    con.close()
+    try:
+        store.open_database(tmp_path / "f.duckdb").close()
+    except store.StoreError as e:
+        assert "migration 999" in str(e), e
+    else:
+        raise AssertionError("a file of a newer fleetlog was opened")
 
 
 def test_stream_parts_stay_bounded_across_restarts(tmp_path):

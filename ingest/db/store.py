@@ -134,6 +134,11 @@ def migrate(con: duckdb.DuckDBPyConnection, files: list[tuple[int, str, str]] | 
     """Apply the migrations not applied yet (``files``: ``migrations()`` unless given)."""
     con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP DEFAULT now())")
     applied = {v for (v,) in con.execute("SELECT version FROM schema_migrations").fetchall()}
+    if files is None and applied and max(applied) > max(v for v, _, _ in migrations()):
+        # an older fleetlog on a newer file would write what the newer views read otherwise (024 counts the
+        # lines after its mark itself: 023's writer adding a part a commit would count them twice)
+        raise StoreError(f"the database was migrated by a newer fleetlog (migration {max(applied):03d}; this one knows "
+                         f"{max(v for v, _, _ in migrations()):03d}): run that version, or a copy of the file made before")
     done = 0
     for version, name, sql in migrations() if files is None else files:
         if version in applied:
@@ -315,13 +320,17 @@ class StreamParts:
 
     def add(self, con: duckdb.DuckDBPyConnection, received_us: int, lines: int) -> None:
         if self.rows is None:  # counted: the floor is the streams (what a fold would leave), not the parts
+            restored = restore_stream_mark(con)  # (this commit's rows counted with the rest)
             rows, floor, mark_us = con.execute(
                 "SELECT (SELECT count(*) FROM log_stream_parts), (SELECT count(*) FROM log_stream_lines), "
                 "(SELECT epoch_us(max(received_at)) FROM log_stream_mark)").fetchone()
             since, marked_at = self.lines, 0.0  # how much lies after the mark is not known: move it now
         else:
+            restored = False
             rows, floor, mark_us, since, marked_at = self.rows, self.floor, self.mark_us, self.since, self.marked_at
-        if received_us <= mark_us:
+        if restored:
+            pass
+        elif received_us <= mark_us:
             (added,) = con.execute(_ADD_STREAM_PARTS_SQL.format(received_us=int(received_us))).fetchone()
             rows += added
         else:
@@ -345,6 +354,18 @@ class StreamParts:
     def rolled_back(self) -> None:
         self._pending = None
         self.rows = None
+
+
+def restore_stream_mark(con: duckdb.DuckDBPyConnection) -> bool:
+    """If log_stream_mark lost its row (a hand edit, a partial restore: log_stream_tail then counts nothing),
+    put it back at the newest stored stamp and count the parts afresh from ``logs``; whether it had to."""
+    if con.execute("SELECT count(*) FROM log_stream_mark").fetchone()[0]:
+        return False
+    logger.warning("log_stream_mark had no row: log_stream_lines counted again from the stored lines")
+    con.execute("INSERT INTO log_stream_mark SELECT coalesce(max(received_at), TIMESTAMP '1970-01-01') FROM logs")
+    con.execute("DELETE FROM log_stream_parts")
+    con.execute(f"INSERT INTO log_stream_parts SELECT {STREAM_FIGURES_SQL}, max(received_at) FROM logs GROUP BY ALL")
+    return True
 
 
 def fold_stream_parts(con: duckdb.DuckDBPyConnection) -> int:

@@ -166,6 +166,8 @@ def delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str, stream_lines: 
 def recount_stream_lines(con: duckdb.DuckDBPyConnection, instance_ids: list[str] | None = None) -> None:
     """log_stream_lines of ``instance_ids`` (every instance when None) counted again from ``logs``: their parts
     are their lines up to the mark (log_stream_tail counts the rest, 024)."""
+    if store.restore_stream_mark(con):
+        return  # every stream counted again
     where, params = ("WHERE instance_id IN (SELECT unnest(?::VARCHAR[]))", [instance_ids]) if instance_ids is not None else ("", [])
     con.execute(f"DELETE FROM log_stream_parts {where}", params)
     upto = "received_at <= (SELECT max(received_at) FROM log_stream_mark)"
