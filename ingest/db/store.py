@@ -134,13 +134,14 @@ def migrate(con: duckdb.DuckDBPyConnection, files: list[tuple[int, str, str]] | 
     """Apply the migrations not applied yet (``files``: ``migrations()`` unless given)."""
     con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP DEFAULT now())")
     applied = {v for (v,) in con.execute("SELECT version FROM schema_migrations").fetchall()}
-    if files is None and applied and max(applied) > max(v for v, _, _ in migrations()):
+    known = migrations() if files is None else files
+    if files is None and applied and max(applied) > known[-1][0]:
         # an older fleetlog on a newer file would write what the newer views read otherwise (024 counts the
         # lines after its mark itself: 023's writer adding a part a commit would count them twice)
         raise StoreError(f"the database was migrated by a newer fleetlog (migration {max(applied):03d}; this one knows "
-                         f"{max(v for v, _, _ in migrations()):03d}): run that version, or a copy of the file made before")
+                         f"{known[-1][0]:03d}): run that version, or a copy of the file made before")
     done = 0
-    for version, name, sql in migrations() if files is None else files:
+    for version, name, sql in known:
         if version in applied:
             continue
         logger.info("applying migration %03d_%s", version, name)
@@ -278,7 +279,7 @@ def warm_up() -> None:
 
 # A stream's figures in log_stream_lines (migration 019) from its log rows, grouped by stream: the tail's rows
 # when the writer moves the mark (024), a commit's rows stamped at or before the mark (StreamParts), every stored
-# row up to the mark (writes.recount_stream_lines), the lake's rows (its view)
+# row up to the mark (recount_stream_parts), the lake's rows (its view)
 STREAM_FIGURES_SQL = """instance_id, source, run_id, count(*) AS lines, min(seq) AS first_seq, max(seq) AS last_seq,
        count(*) FILTER (WHERE truncated) AS truncated, min(ts) AS first_ts, max(ts) AS last_ts"""
 # A commit's rows stamped at or before the mark (a clock stepped back): log_stream_tail would not count them
@@ -356,15 +357,24 @@ class StreamParts:
         self.rows = None
 
 
+def recount_stream_parts(con: duckdb.DuckDBPyConnection, instance_ids: list[str] | None = None) -> None:
+    """The parts of ``instance_ids`` (every instance when None) counted again from ``logs``: their lines up to
+    the mark (log_stream_tail counts the rest, 024)."""
+    where = "instance_id IN (SELECT unnest(?::VARCHAR[]))" if instance_ids is not None else "true"
+    params = [instance_ids] if instance_ids is not None else []
+    con.execute(f"DELETE FROM log_stream_parts WHERE {where}", params)
+    con.execute(f"INSERT INTO log_stream_parts SELECT {STREAM_FIGURES_SQL}, max(received_at) FROM logs WHERE {where} "
+                "AND received_at <= (SELECT max(received_at) FROM log_stream_mark) GROUP BY ALL", params)
+
+
 def restore_stream_mark(con: duckdb.DuckDBPyConnection) -> bool:
     """If log_stream_mark lost its row (a hand edit, a partial restore: log_stream_tail then counts nothing),
-    put it back at the newest stored stamp and count the parts afresh from ``logs``; whether it had to."""
+    put it back at the newest stored stamp and count every stream's parts afresh; whether it had to."""
     if con.execute("SELECT count(*) FROM log_stream_mark").fetchone()[0]:
         return False
     logger.warning("log_stream_mark had no row: log_stream_lines counted again from the stored lines")
     con.execute("INSERT INTO log_stream_mark SELECT coalesce(max(received_at), TIMESTAMP '1970-01-01') FROM logs")
-    con.execute("DELETE FROM log_stream_parts")
-    con.execute(f"INSERT INTO log_stream_parts SELECT {STREAM_FIGURES_SQL}, max(received_at) FROM logs GROUP BY ALL")
+    recount_stream_parts(con)
     return True
 
 

@@ -164,15 +164,10 @@ def delete_logs(con: duckdb.DuckDBPyConnection, instance_id: str, stream_lines: 
 
 
 def recount_stream_lines(con: duckdb.DuckDBPyConnection, instance_ids: list[str] | None = None) -> None:
-    """log_stream_lines of ``instance_ids`` (every instance when None) counted again from ``logs``: their parts
-    are their lines up to the mark (log_stream_tail counts the rest, 024)."""
-    if store.restore_stream_mark(con):
-        return  # every stream counted again
-    where, params = ("WHERE instance_id IN (SELECT unnest(?::VARCHAR[]))", [instance_ids]) if instance_ids is not None else ("", [])
-    con.execute(f"DELETE FROM log_stream_parts {where}", params)
-    upto = "received_at <= (SELECT max(received_at) FROM log_stream_mark)"
-    con.execute(f"INSERT INTO log_stream_parts SELECT {store.STREAM_FIGURES_SQL}, max(received_at) FROM logs "
-                f"{where + ' AND ' if where else 'WHERE '}{upto} GROUP BY ALL", params)
+    """log_stream_lines of ``instance_ids`` (every instance when None) counted again from ``logs`` (every
+    instance if the mark had been lost)."""
+    if not store.restore_stream_mark(con):
+        store.recount_stream_parts(con, instance_ids)
 
 
 def write_instance_token(con, instance_id: str, token_sha: str, issued_us: int, *, revoke_old: bool) -> None:
