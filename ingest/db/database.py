@@ -39,7 +39,8 @@ def _storage(settings: Settings) -> Callable[[], duckdb.DuckDBPyConnection]:
 
         return functools.partial(lake.open_lake, settings.lake, settings.lake_data, settings.duckdb_memory_limit_mb,
                                  migrations=store.migrations())
-    return functools.partial(store.open_database, settings.db, settings.duckdb_memory_limit_mb, settings.duckdb_threads)
+    return functools.partial(store.open_database, settings.db, settings.duckdb_memory_limit_mb, settings.duckdb_threads,
+                             settings.duckdb_checkpoint_mb)
 
 
 def _lake_write_batch(slots: Slots):
