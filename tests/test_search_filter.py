@@ -233,3 +233,28 @@ def test_a_rare_phrase_in_many_parts_is_read_in_a_few_statements_newest_first(db
         assert truncated == (limit < 12) and plan.blocks_admitted == 12
         assert plan.ranges_scanned == (12 if limit == 1000 else 7), plan  # 1 + 2 + 4 parts hold the newest 5, and one more
         assert counted.statements == (4 if limit == 1000 else 4 + 3), counted.statements
+
+
+def test_a_block_written_over_many_commits_holds_the_trigrams_of_all_its_lines(db):
+    """The writer cuts only the letter runs a block has not seen into trigrams; the block's bits are still
+    every trigram of its lines, whichever commit brought them (and a rolled-back commit's are not kept)."""
+    blocks = tokens.BlockWriter(block_lines=10_000)
+    lines = [f"INFO step {i} Kelvin\u212a {'alpha beta' if i % 2 else 'gamma'} wörd{i % 7} ZETA" for i in range(60)]
+    for c in range(6):
+        commit(db, blocks, [("C.%d" % (c % 2), i, T0 + i, lines[i]) for i in range(c * 10, c * 10 + 10)], received_us=T0 + c)
+    logs = store.LogColumns.empty()
+    logs.append(store.log_chunk_batch("C.9", "s", "0", [0], [T0], ["rolled back xylophone"], [False]))
+    db.execute("BEGIN")
+    blocks.add(db, logs.batches, T0 + 99)
+    db.execute("ROLLBACK")
+    blocks.rolled_back()
+    commit(db, blocks, [("C.1", 100, T0 + 100, "last")], received_us=T0 + 7)
+    (bits,) = db.execute("SELECT bits::VARCHAR FROM log_blocks").fetchone()
+    stored = {i for i, b in enumerate(bits) if b == "1"}
+    every_line = set().union(*(tokens.trigrams(line.encode()) for line in lines + ["last"]))
+    assert every_line <= stored <= tokens.trigrams("".join(lines + ["last"]).encode())  # lines joined: extra bits only
+    assert tokens.trigrams("kelvin".encode()) <= stored and tokens.trigrams(b"zeta") <= stored
+    assert tokens.trigrams(b"xylophone") - stored  # the rolled-back line's words are not in the block
+    commit(db, blocks, [("C.1", 101, T0 + 101, "xylophone again")], received_us=T0 + 8)  # the retry brings them
+    (bits,) = db.execute("SELECT bits::VARCHAR FROM log_blocks").fetchone()
+    assert tokens.trigrams(b"xylophone") <= {i for i, b in enumerate(bits) if b == "1"}

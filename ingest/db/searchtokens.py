@@ -49,14 +49,24 @@ def fold(data: bytes) -> bytes:
     return data.translate(_FOLD)
 
 
-def trigrams(data: bytes) -> set[int]:
-    """The letter trigrams of UTF-8 text (lines concatenated are fine: a trigram across two lines is an
-    extra bit, never a missing one), as bit positions."""
+def letter_runs(data: bytes) -> set[bytes]:
+    """The distinct letter runs of UTF-8 text, folded (lines concatenated are fine: a run across two
+    lines gives extra trigrams, never a missing one)."""
+    return set(fold(data).split())
+
+
+def trigrams_of(runs: set[bytes]) -> set[int]:
+    """The trigrams of folded letter runs, as bit positions."""
     out: set[int] = set()
-    for run in set(fold(data).split()):
+    for run in runs:
         for i in range(len(run) - 2):
             out.add((run[i] - 97) * 676 + (run[i + 1] - 97) * 26 + run[i + 2] - 97)
     return out
+
+
+def trigrams(data: bytes) -> set[int]:
+    """The letter trigrams of UTF-8 text, as bit positions."""
+    return trigrams_of(letter_runs(data))
 
 
 def bitstring(grams: set[int]) -> str:
@@ -74,6 +84,7 @@ class _Block:
     min_us: int
     max_us: int
     grams: set[int] = field(default_factory=set)
+    runs: set[bytes] = field(default_factory=set)  # the letter runs whose trigrams are in grams already
     min_received_us: int | None = None
     max_received_us: int | None = None
     stored: bool = False  # its row exists: the commit updates it rather than inserting it
@@ -102,8 +113,8 @@ class BlockWriter:
         block = self._open
         next_id = self._next_id
         if block is not None:
-            block = _Block(block.block, block.lines, block.min_us, block.max_us, set(block.grams), stored=True,
-                           min_received_us=block.min_received_us, max_received_us=block.max_received_us)
+            block = _Block(block.block, block.lines, block.min_us, block.max_us, set(block.grams), set(block.runs),
+                           stored=True, min_received_us=block.min_received_us, max_received_us=block.max_received_us)
         touched: list[_Block] = []
         for batch in batches:
             lines, ts = batch.column("line"), batch.column("ts").cast(pa.int64())
@@ -117,7 +128,11 @@ class BlockWriter:
                 if data is not None:  # the bytes of rows [start, start + n), through the int32 offsets
                     at = memoryview(offsets).cast("i")
                     lo, hi = at[lines.offset + start], at[lines.offset + start + n]
-                    block.grams |= trigrams(data.slice(lo, hi - lo).to_pybytes())
+                    # a block's lines repeat their words: only runs it has not seen are cut into trigrams
+                    # (an 8-body commit of realistic lines: 3.4 -> 1.2 ms, bench/commit_statements.py)
+                    fresh = letter_runs(data.slice(lo, hi - lo).to_pybytes()) - block.runs
+                    block.grams |= trigrams_of(fresh)
+                    block.runs |= fresh
                 bounds = pc.min_max(ts.slice(start, n))
                 lo_us, hi_us = bounds["min"].as_py(), bounds["max"].as_py()
                 block.min_us = lo_us if block.lines == 0 else min(block.min_us, lo_us)
