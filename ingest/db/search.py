@@ -42,7 +42,13 @@ ORDER BY ts DESC, instance_id, source, run_id DESC, seq DESC
 LIMIT $limit
 """
 BRANCH_SQL = """SELECT instance_id, source, run_id, seq, ts, line FROM logs
-WHERE ts >= make_timestamp($since{i}) AND ts < make_timestamp($until{i}) {stamps} {filters}"""
+WHERE {window} {stamps} {filters}"""
+# A part without received_at ranges is found by ts's zone maps: the bounds are the scan's own filter. With
+# ranges, received_at's zone maps find the rows and the part's bounds are checked on those rows only: as a
+# filter of the scan, DuckDB decoded the ts of every row of each row group read before received_at's
+# (~0.7 of a block's ~2.4 ms; epoch_us(ts) keeps the bound out of the scan, and means the same).
+WINDOW_SQL = "ts >= make_timestamp($since{i}) AND ts < make_timestamp($until{i})"
+ROWS_WINDOW_SQL = "epoch_us(ts) >= $since{i} AND epoch_us(ts) < $until{i}"
 STAMPS_SQL = "AND received_at BETWEEN make_timestamp($rlo{i}) AND make_timestamp($rhi{i})"
 MAX_BRANCHES = 64  # branches one statement unions; a part's own ranges are at most tokens.MAX_STAMP_RANGES
 
@@ -56,7 +62,8 @@ def _statement(filters: str, parts: list[tokens.Range]) -> tuple[str, dict[str, 
             params[f"since{i}"], params[f"until{i}"] = part.lower, part.upper
             if stamp is not None:
                 params[f"rlo{i}"], params[f"rhi{i}"] = stamp
-            branches.append(BRANCH_SQL.format(i=i, filters=filters, stamps="" if stamp is None else STAMPS_SQL.format(i=i)))
+            branches.append(BRANCH_SQL.format(i=i, filters=filters, window=(WINDOW_SQL if stamp is None else ROWS_WINDOW_SQL).format(i=i),
+                                              stamps="" if stamp is None else STAMPS_SQL.format(i=i)))
     return SEARCH_SQL.format(branches="\nUNION ALL\n".join(branches)), params
 
 
