@@ -120,7 +120,8 @@ class Settings:
     )
     duckdb_checkpoint_mb: int = _setting(
         64, "WAL size at which DuckDB checkpoints: smaller, a faster restart after a crash; larger, fewer rewrites "
-        "(at DuckDB's 16 a file kept a quarter of its blocks free); at most a quarter of duckdb_memory_limit_mb", minimum=1,
+        "(at DuckDB's 16 a file kept a quarter of its blocks free); at most a quarter of duckdb_memory_limit_mb, not "
+        "below 16 (file mode only)", minimum=1,
     )
     max_lines_per_request: int = _setting(50_000, "most log lines (or metric samples, OTLP records) in one request; 413 beyond", minimum=1)
     max_streams_per_request: int = _setting(1_000, "most log streams in one request; 413 beyond", minimum=1)

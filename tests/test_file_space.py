@@ -49,12 +49,23 @@ def test_a_file_written_in_group_commits_keeps_little_free_space(tmp_path):
     assert free <= 0.05 * total, f"{free} of {total} blocks free"
 
 
-def test_the_checkpoint_threshold_is_the_setting(tmp_path):
-    con = store.open_database(tmp_path / "f.duckdb", checkpoint_mb=24)
-    try:
-        assert con.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0] == "24.0 MiB"
-    finally:
-        con.close()
+def _duckdb_reads(megabytes: int) -> str:
+    """How DuckDB shows a checkpoint threshold of ``megabytes`` MB."""
+    con = duckdb.connect()
+    con.execute(f"SET checkpoint_threshold = '{megabytes}MB'")
+    return con.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0]
+
+
+def test_the_checkpoint_threshold_is_the_setting_within_a_quarter_of_the_memory_limit(tmp_path):
+    """Megabytes, as duckdb_memory_limit_mb's; at most a quarter of the limit, not below DuckDB's own 16."""
+    for n, (memory_limit_mb, checkpoint_mb, expect) in enumerate(((256, 24, 24), (256, 64, 64), (16, 64, 16),
+                                                                  (100, 64, 25), (1024, 64, 64), (1024, 8, 8))):
+        con = store.open_database(tmp_path / f"f{n}.duckdb", memory_limit_mb, checkpoint_mb=checkpoint_mb)
+        try:
+            got = con.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0]
+        finally:
+            con.close()
+        assert got == _duckdb_reads(expect), (memory_limit_mb, checkpoint_mb, got)
 
 
 def test_a_small_memory_limit_still_checkpoints(tmp_path):

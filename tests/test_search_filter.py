@@ -258,3 +258,31 @@ def test_a_block_written_over_many_commits_holds_the_trigrams_of_all_its_lines(d
     commit(db, blocks, [("C.1", 101, T0 + 101, "xylophone again")], received_us=T0 + 8)  # the retry brings them
     (bits,) = db.execute("SELECT bits::VARCHAR FROM log_blocks").fetchone()
     assert tokens.trigrams(b"xylophone") <= {i for i, b in enumerate(bits) if b == "1"}
+
+
+def test_a_block_of_unrepeated_words_keeps_a_bounded_cache_and_every_trigram(db):
+    """Base64-like lines bring runs seen once: the block remembers at most RUN_CACHE_MAX of them, none longer
+    than RUN_CACHE_MAX_BYTES (they were 687 k runs, 59 MiB, copied each commit), and its bits still hold every
+    trigram of its lines."""
+    import base64
+    import random
+    rng = random.Random(7)
+    lines = [base64.b64encode(rng.randbytes(600)).decode() for _ in range(300)]
+    blocks = tokens.BlockWriter(block_lines=10_000)
+    for c in range(0, 300, 50):
+        commit(db, blocks, [("C.1", i, T0 + i, lines[i]) for i in range(c, c + 50)], received_us=T0 + c)
+    runs = blocks._open.runs
+    assert len(tokens.letter_runs("".join(lines).encode())) > 10_000  # far more distinct runs than the cache keeps
+    assert len(runs) <= min(tokens.RUN_CACHE_MAX + 2_000, 10_000) and all(len(r) <= tokens.RUN_CACHE_MAX_BYTES for r in runs)
+    (bits,) = db.execute("SELECT bits::VARCHAR FROM log_blocks").fetchone()
+    stored = {i for i, b in enumerate(bits) if b == "1"}
+    assert set().union(*(tokens.trigrams(line.encode()) for line in lines)) <= stored
+
+
+def test_a_part_without_received_ranges_keeps_its_ts_bounds_in_the_scan():
+    """ts's zone maps are the only pruning of a part without received_at ranges (old blocks, regex, no trigram,
+    the lake): its bounds stay the scan's filter; a part with ranges checks them on the rows it reads."""
+    sql, _ = search._statement(search.MATCH_SQL, [tokens.Range(1, 2)])
+    assert "ts >= make_timestamp($since0)" in sql and "epoch_us(ts)" not in sql
+    sql, _ = search._statement(search.MATCH_SQL, [tokens.Range(1, 2, ((5, 6),))])
+    assert "epoch_us(ts) >= $since0" in sql and "received_at BETWEEN" in sql and "ts >= make_timestamp" not in sql

@@ -36,6 +36,11 @@ import pyarrow.compute as pc
 # DuckDB's vectors) against 8,192: a rare phrase's 10 blocks 46 -> 25 ms, text found nowhere 1.5 -> 2.5 ms
 # (4x the blocks' bits to test), +0.13 bytes on disk a line (bench/search_scale.py's file, in-process).
 BLOCK_LINES = 2048
+# The letter runs an open block remembers having cut into trigrams (``_Block.runs``): a cache, so bounded. Runs
+# longer than RUN_CACHE_MAX_BYTES (base64, hashes: seen once) and runs beyond RUN_CACHE_MAX are cut every time.
+# 2,048 lines of 4 KiB base64 held 687 k runs (59 MiB, copied each commit) before the bound.
+RUN_CACHE_MAX = 8192
+RUN_CACHE_MAX_BYTES = 32
 NBITS = 26 ** 3
 _FOLD = bytes(c + 32 if 65 <= c <= 90 else c if 97 <= c <= 122 else 32 for c in range(256))
 _TO_ASCII = ((b"\xe2\x84\xaa", b"k"), (b"\xc4\xb0", b"i"))  # U+212A, U+0130: DuckDB's lower() gives k, i
@@ -132,7 +137,8 @@ class BlockWriter:
                     # (an 8-body commit of realistic lines: 3.4 -> 1.2 ms, bench/commit_statements.py)
                     fresh = letter_runs(data.slice(lo, hi - lo).to_pybytes()) - block.runs
                     block.grams |= trigrams_of(fresh)
-                    block.runs |= fresh
+                    if len(block.runs) < RUN_CACHE_MAX:
+                        block.runs.update(r for r in fresh if len(r) <= RUN_CACHE_MAX_BYTES)
                 bounds = pc.min_max(ts.slice(start, n))
                 lo_us, hi_us = bounds["min"].as_py(), bounds["max"].as_py()
                 block.min_us = lo_us if block.lines == 0 else min(block.min_us, lo_us)

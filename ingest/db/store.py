@@ -62,15 +62,16 @@ def migrations() -> list[tuple[int, str, str]]:
 
 TEMP_DIR_FACTOR = 8  # spilled query state may take this many times the memory limit on disk
 
-# DuckDB checkpoints once its WAL holds this much (its own default: 16 MiB, ~80,000 lines). Each
+# DuckDB checkpoints once its WAL holds this much (its own default: 16 MB, ~80,000 lines). Each
 # checkpoint rewrites the row group the writer is still filling and frees the blocks it held; the next
-# checkpoint reuses them only as far as it writes new data, so at 16 MiB a file kept ~70-80 blocks
-# (18-20 MiB) free: a quarter of a 1 M-line file. At 64 MiB, 2-4 (tests/test_file_space.py); fewer
+# checkpoint reuses them only as far as it writes new data, so at 16 MB a file kept ~70-80 blocks
+# (18-20 MiB) free: a quarter of a 1 M-line file. At 64 MB, 2-4 (tests/test_file_space.py); fewer
 # rewrites also cost less CPU (4 M lines in group commits: 111 -> 97 s). The price: a restart after a
 # crash replays up to this much WAL (~0.5 s more at 60 MiB), and the rows not yet checkpointed are held
-# in DuckDB's memory (within memory_limit). A checkpoint needs memory of its own: at a 16 MiB
-# memory_limit, 64 MiB of WAL failed one ("failed to allocate", and DuckDB invalidated the database), so
-# the threshold is at most a quarter of the memory limit, and never under DuckDB's own 16 MiB.
+# in DuckDB's memory (within memory_limit). A checkpoint needs memory of its own: at a 16 MB
+# memory_limit, 64 MB of WAL failed one ("failed to allocate", and DuckDB invalidated the database), so
+# the threshold is at most a quarter of the memory limit, but not below DuckDB's own default (16 MB,
+# which checkpointed under a 16 MB limit). Megabytes, as memory_limit's.
 CHECKPOINT_MB = 64
 
 
@@ -115,7 +116,7 @@ def open_database(path: str | Path, memory_limit_mb: int = 256, threads: int = 0
     change that.
 
     ``checkpoint_mb`` is the WAL size at which DuckDB checkpoints (``CHECKPOINT_MB``; at most a quarter of
-    ``memory_limit_mb``).
+    ``memory_limit_mb``, not below 16). Replaying the WAL on open, read-only opens too, holds as much.
 
     ``threads`` is DuckDB's worker threads for the whole instance; 0 is ``auto_threads()``.
     With more than one, the Python thread that runs a statement polls DuckDB's task queue (mutex and
@@ -139,7 +140,7 @@ def open_database(path: str | Path, memory_limit_mb: int = 256, threads: int = 0
         migrate(con)
         con.execute(f"SET memory_limit = '{int(memory_limit_mb)}MB'")
         con.execute(f"SET threads = {int(threads or auto_threads())}")
-        con.execute(f"SET checkpoint_threshold = '{checkpoint_threshold_mb(checkpoint_mb, memory_limit_mb)}MiB'")
+        con.execute(f"SET checkpoint_threshold = '{checkpoint_threshold_mb(checkpoint_mb, memory_limit_mb)}MB'")
         con.execute("SET temp_directory = '{}'".format((str(path) + ".tmp").replace("'", "''")))
         con.execute(f"SET max_temp_directory_size = '{int(memory_limit_mb) * TEMP_DIR_FACTOR}MB'")
         con.execute("SET enable_external_access = false")
