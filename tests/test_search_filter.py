@@ -145,7 +145,12 @@ LINES = st.lists(st.text(ALPHABET, min_size=0, max_size=24), min_size=1, max_siz
                                    min_size=1, max_size=6),
        extra=st.text(ALPHABET, min_size=1, max_size=8), block_lines=st.integers(1, 7), shuffle=st.randoms(use_true_random=False),
        limit=st.integers(1, 50))
-def test_filtered_search_returns_exactly_the_hits_of_a_scan(db, lines, picks, extra, block_lines, shuffle, limit):
+@pytest.mark.parametrize("windows", [False, True])
+def test_filtered_search_returns_exactly_the_hits_of_a_scan(db, monkeypatch, windows, lines, picks, extra, block_lines,
+                                                             shuffle, limit):
+    if windows:  # every part of more than one block read in windows newest first: 1 ms, 2, 4 ...
+        monkeypatch.setattr(tokens, "SPLIT_BLOCKS", 1)
+        monkeypatch.setattr(tokens, "FIRST_WINDOW_US", 1000)
     db.execute("DELETE FROM logs")
     db.execute("DELETE FROM log_blocks")
     blocks = tokens.BlockWriter(block_lines=block_lines)
@@ -286,3 +291,29 @@ def test_a_part_without_received_ranges_keeps_its_ts_bounds_in_the_scan():
     assert "ts >= make_timestamp($since0)" in sql and "epoch_us(ts)" not in sql
     sql, _ = search._statement(search.MATCH_SQL, [tokens.Range(1, 2, ((5, 6),))])
     assert "epoch_us(ts) >= $since0" in sql and "received_at BETWEEN" in sql and "ts >= make_timestamp" not in sql
+
+
+WORDS = ["alpha", "beta", "gamma", "Alphabet", "kelvin", "\u212aelvin", "mu"]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.lists(st.sampled_from(WORDS), min_size=0, max_size=4).map(" ".join), min_size=1, max_size=60),
+       block_lines=st.integers(1, 5), shuffle=st.randoms(use_true_random=False), limit=st.integers(1, 30),
+       q=st.sampled_from(["alpha", "beta", "gamma", "kelvin", "ALPHAB", "lpha bet", "nowhere"]))
+def test_a_common_word_read_in_windows_newest_first_finds_exactly_the_hits_of_a_scan(db, monkeypatch, lines, block_lines,
+                                                                                      shuffle, limit, q):
+    """Parts of many blocks read in ts windows newest first (tokens.newest_first), here every part of more than
+    one block and windows from 1 ms: the hits, their order and whether more matched are the scan's, with ts
+    spread over 0.6 s out of order, ties, shared and stepped-back commit stamps."""
+    monkeypatch.setattr(tokens, "SPLIT_BLOCKS", 1)
+    monkeypatch.setattr(tokens, "FIRST_WINDOW_US", 1000)
+    db.execute("DELETE FROM logs")
+    db.execute("DELETE FROM log_blocks")
+    blocks = tokens.BlockWriter(block_lines=block_lines)
+    rows = [("C.%d" % (i % 3), i, T0 + shuffle.randrange(0, 600) * 1000, line) for i, line in enumerate(lines)]
+    for n, start in enumerate(range(0, len(rows), 5)):
+        commit(db, blocks, rows[start:start + 5], received_us=T0 + 1000 * (n - (n % 4 == 3)))
+    for window in ((T0 - 10**9, T0 + 10**9), (T0 + 50_000, T0 + 400_000)):
+        filtered = run(db, q, limit, True, *window)
+        plain = run(db, q, limit, False, *window)
+        assert filtered[:2] == plain[:2], (q, filtered[2])

@@ -153,7 +153,8 @@ def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True
             plan = tokens.Plan("no trigram in q")
         else:
             plan = tokens.Plan("trigrams")
-        ranges = (tokens.admitted_ranges(cur, grams, query.since_us, query.until_us, plan) if plan.filter == "trigrams"
+        ranges = ([window for part in tokens.admitted_ranges(cur, grams, query.since_us, query.until_us, plan)
+                   for window in tokens.newest_first(part)] if plan.filter == "trigrams"
                   else [tokens.Range(lower, upper) for lower, upper in _chunks(query.since_us, query.until_us)])
         for batch in _batches(ranges, grow=plan.filter == "trigrams"):
             plan.ranges_scanned += len(batch)

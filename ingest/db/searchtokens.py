@@ -211,6 +211,7 @@ class Range:
     lower: int
     upper: int
     stamps: tuple[tuple[int, int], ...] | None = None
+    blocks: tuple[tuple[int, int, int, int | None, int | None], ...] = ()  # its blocks: (min_ts, max_ts, block, rlo, rhi)
 
 
 def _stamp_ranges(blocks: list[tuple[int, int | None, int | None]]) -> tuple[tuple[int, int], ...] | None:
@@ -256,7 +257,30 @@ def admitted_ranges(cur: duckdb.DuckDBPyConnection, grams: set[int], since_us: i
     for lo, hi, block in spans:  # oldest first
         if merged and lo <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], hi)
-            merged[-1][2].append(block)
+            merged[-1][2].append((lo, hi, block))
         else:
-            merged.append([lo, hi, [block]])
-    return [Range(lo, hi, _stamp_ranges(blocks)) for lo, hi, blocks in reversed(merged)]
+            merged.append([lo, hi, [(lo, hi, block)]])
+    return [Range(lo, hi, _stamp_ranges([b for _, _, b in blocks]), tuple((a, z, *b) for a, z, b in blocks))
+            for lo, hi, blocks in reversed(merged)]
+
+
+SPLIT_BLOCKS = 8  # a part of more admitted blocks is read in windows newest first (``newest_first``)
+FIRST_WINDOW_US = 60_000_000
+
+
+def newest_first(part: Range) -> list[Range]:
+    """A part of many blocks cut into ts windows newest first, each reading only the blocks it overlaps:
+    1 minute, then 2, 4, ... A common word's blocks overlap into one part the width of the whole window
+    (streams interleave, clocks differ), so its one statement read every block, oldest row group first,
+    to keep the newest ``limit``; its newest minute holds them. The windows are disjoint in ts, as parts
+    are, so a row is read once and the search still stops at the first window that fills the limit."""
+    if len(part.blocks) <= SPLIT_BLOCKS:
+        return [part]
+    out, upper, width = [], part.upper, FIRST_WINDOW_US
+    while upper > part.lower:
+        lower = max(part.lower, upper - width)
+        inside = [(block, rlo, rhi) for lo, hi, block, rlo, rhi in part.blocks if hi > lower and lo < upper]
+        if inside:
+            out.append(Range(lower, upper, _stamp_ranges(inside)))
+        upper, width = lower, width * 2
+    return out
