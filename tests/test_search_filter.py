@@ -146,7 +146,8 @@ LINES = st.lists(st.text(ALPHABET, min_size=0, max_size=24), min_size=1, max_siz
        extra=st.text(ALPHABET, min_size=1, max_size=8), block_lines=st.integers(1, 7), shuffle=st.randoms(use_true_random=False),
        limit=st.integers(1, 50))
 @pytest.mark.parametrize("windows", [False, True])
-def test_filtered_search_returns_exactly_the_hits_of_a_scan(db, monkeypatch, windows, lines, picks, extra, block_lines,
+@pytest.mark.parametrize("step", [1000, 1])  # 1 us: a commit's blocks, stamped apart, overlap the next commits' stamps
+def test_filtered_search_returns_exactly_the_hits_of_a_scan(db, monkeypatch, windows, step, lines, picks, extra, block_lines,
                                                              shuffle, limit):
     if windows:  # every part of more than one block read in windows newest first: 1 ms, 2, 4 ...
         monkeypatch.setattr(tokens, "SPLIT_BLOCKS", 1)
@@ -155,9 +156,9 @@ def test_filtered_search_returns_exactly_the_hits_of_a_scan(db, monkeypatch, win
     db.execute("DELETE FROM log_blocks")
     blocks = tokens.BlockWriter(block_lines=block_lines)
     rows = [("C.%d" % (i % 3), i, T0 + shuffle.randrange(0, 30) * 1000, line) for i, line in enumerate(lines)]  # ts out of order, ties
-    stamps = [T0 + shuffle.choice((0, 0, 1, -1)) * 1000 for _ in range(0, len(rows), 5)]  # shared, stepped back
+    stamps = [T0 + shuffle.choice((0, 0, 1, -1)) * step for _ in range(0, len(rows), 5)]  # shared, stepped back
     for n, start in enumerate(range(0, len(rows), 5)):
-        commit(db, blocks, rows[start:start + 5], received_us=stamps[n] + 1000 * n if n % 3 else stamps[n])
+        commit(db, blocks, rows[start:start + 5], received_us=stamps[n] + step * n if n % 3 else stamps[n])
     queries = [extra]
     for n, at, size, swap in picks:
         line = lines[n % len(lines)]
@@ -317,3 +318,24 @@ def test_a_common_word_read_in_windows_newest_first_finds_exactly_the_hits_of_a_
         filtered = run(db, q, limit, True, *window)
         plain = run(db, q, limit, False, *window)
         assert filtered[:2] == plain[:2], (q, filtered[2])
+
+
+def test_a_block_cut_from_large_commits_reads_only_its_own_rows(db):
+    """A search reads an admitted block's rows by its received_at range. Commits larger than a block (64
+    connections: ~6,400 rows a commit, blocks of 2,048) used to stamp all their rows alike, so each of their
+    blocks read the whole commit (3x its rows); each block's slice of a commit is stamped apart, so a block's
+    range holds its own rows and no other's."""
+    blocks = tokens.BlockWriter(block_lines=100)
+    seq = 0
+    for c in range(12):  # 350 rows a commit: 3-5 blocks each, the first continuing the last commit's open block
+        rows = [("C.%d" % (i % 7), seq + i, T0 + i, f"INFO partition {i} of proof {c}") for i in range(350)]
+        seq += 350
+        commit(db, blocks, rows, received_us=T0 + c * 1000)
+    spans = db.execute("SELECT block, lines, min_received_at, max_received_at FROM log_blocks ORDER BY block").fetchall()
+    assert sum(lines for _, lines, _, _ in spans) == 12 * 350
+    for block, lines, lo, hi in spans:
+        (inside,) = db.execute("SELECT count(*) FROM logs WHERE received_at BETWEEN ? AND ?", [lo, hi]).fetchone()
+        assert inside == lines, (block, lines, inside)
+    # the stamps of a commit stay within it: the next commit's are later, and a tail's window still holds them
+    (newest,) = db.execute("SELECT epoch_us(max(received_at)) FROM logs").fetchone()
+    assert T0 + 11 * 1000 <= newest < T0 + 11 * 1000 + 10

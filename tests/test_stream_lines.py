@@ -236,6 +236,37 @@ def test_a_commit_stamped_before_the_mark_is_counted_once(tmp_path):
         con.close()
 
 
+def test_a_commit_whose_blocks_straddle_the_mark_is_counted_once(tmp_path):
+    """Each block's slice of a commit is stamped apart (received_us, +1, +2 ...: searchtokens.BlockWriter), so a
+    commit stamped just before the mark (the clock stepped back) can hold rows at or before it and rows after
+    it: the former go into the parts at once, the latter stay the tail's, and each line is counted once."""
+    from ingest.contract.codec import MetricRows
+    from ingest.db import searchtokens as tokens
+    con = store.open_database(tmp_path / "f.duckdb")
+    parts, blocks = store.StreamParts(slack=1000, interval_s=3600, lines=4), tokens.BlockWriter(block_lines=2)
+
+    def commit(stream_rows, received_us):
+        logs = store.LogColumns.empty()
+        for instance_id, seqs in stream_rows:
+            logs.append(store.log_chunk_batch(instance_id, "benchout", "0", seqs, [1_764_415_248_000_000 + s for s in seqs],
+                                              [f"line {s}" for s in seqs], [s % 5 == 0 for s in seqs]))
+        store.write_batch(con, logs, [], MetricRows(), {}, received_us, blocks=blocks, stream_parts=parts)
+        parts.committed()
+        blocks.committed()
+    try:
+        commit([("C.1", [0, 1, 2, 3])], 1_800_000_000_000_100)  # two blocks: stamps ..100, ..101; moves the mark
+        assert parts.mark_us == 1_800_000_000_000_101
+        commit([("C.1", [4, 5, 6]), ("C.2", [0, 1, 2])], 1_800_000_000_000_100)  # stamps ..100 to ..102: straddles
+        stamps = con.execute("SELECT epoch_us(received_at), count(*) FROM logs GROUP BY 1 ORDER BY 1").fetchall()
+        assert stamps[-1] == (1_800_000_000_000_102, 2), stamps
+        assert con.execute(KEPT).fetchall() == con.execute(AGGREGATE).fetchall()
+        commit([("C.2", [3, 4, 5, 6])], 1_800_000_000_000_200)  # ahead again, due: the mark moves past them
+        assert con.execute(KEPT).fetchall() == con.execute(AGGREGATE).fetchall()
+        assert parts.mark_us == 1_800_000_000_000_201
+    finally:
+        con.close()
+
+
 def test_a_lost_mark_is_set_again_and_the_figures_counted_afresh(tmp_path):
     """Without its row (a hand edit, a partial restore) log_stream_tail counts nothing: the writer's next
     commit (and a recount) puts the mark back and counts the parts afresh, instead of failing every commit."""

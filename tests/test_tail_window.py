@@ -25,6 +25,7 @@ commits = st.tuples(
     st.sampled_from(["0", "1"]),  # run
     st.lists(st.integers(0, 120), min_size=1, max_size=25),  # seqs (resends and backfills included)
     st.integers(1_000_000, 1_000_400),  # received_us: the clock may step back between commits
+    st.integers(0, 4),  # the commit's rows stamped received_us to received_us + this (its blocks stamped apart)
 )
 ops = st.lists(st.one_of(commits, st.just("restart"), st.just("refine")), max_size=30)
 
@@ -48,13 +49,13 @@ def test_window_holds_every_newest_line_whatever_the_commits(steps, n, bucket, s
             elif step == "refine":
                 index.refine(con.cursor(), n)
             else:
-                run_id, seqs, received_us = step
+                run_id, seqs, received_us, spread = step
                 new = sorted({s for s in seqs if (run_id, s) not in stored})
                 for s in new:
-                    stored[(run_id, s)] = received_us
+                    stored[(run_id, s)] = received_us + s % (spread + 1)
                     con.execute("INSERT INTO logs VALUES (?, ?, ?, ?, make_timestamp(?), make_timestamp(?), ?)",
-                                [INSTANCE, SOURCE, run_id, s, s, received_us, f"line {run_id}/{s}"])
-                index.commit((INSTANCE, SOURCE, run_id), new, received_us)
+                                [INSTANCE, SOURCE, run_id, s, s, stored[(run_id, s)], f"line {run_id}/{s}"])
+                index.commit((INSTANCE, SOURCE, run_id), new, received_us, received_us + spread)
             bounds = index.tail_bounds(INSTANCE, SOURCE, n)
             newest = sorted(stored)[-n:]
             if bounds is None:
@@ -178,3 +179,24 @@ async def test_first_tail_after_a_restart_loads_the_lines_asked_for_not_the_whol
         body = await get_json(client, f"/api/v1/instances/{INSTANCE}/logs?source={SOURCE}&tail={n}")
         assert [line["seq"] for line in body["lines"]] == list(range(3010 - n, 3010)), n
     assert len(cache._entries[(INSTANCE, SOURCE)].rows) == 1000 and cache.hits >= 2
+
+
+async def test_a_commit_of_several_blocks_keeps_its_tail_inside_the_window(make_client, caplog):
+    """The token filter stamps each block's slice of a commit apart (received_us, +1, +2 ...): the index's window
+    must end at the commit's last stamp, or a tail of those lines is read short and then again without it."""
+    from ingest.web import keys
+
+    client = await make_client(tail_cache_lines=50, tail_cache_max_streams=1)
+    await push_lines(client, 2000, source="a", start=0)
+    await push_lines(client, 2000, source="a", start=2000)  # continues the open block, then a new one: two stamps
+    await push_lines(client, 5, source="b", start=0)  # the one-stream cache drops "a": its next tail reads the file
+    cur = client.server.app[keys.DB].cursor()
+    try:
+        (stamps,) = cur.execute("SELECT count(DISTINCT received_at) FROM logs WHERE source = 'a'").fetchone()
+    finally:
+        cur.close()
+    assert stamps >= 3, stamps
+    with caplog.at_level(logging.WARNING, logger="ingest.db.reads"):
+        body = await get_json(client, f"/api/v1/instances/{INSTANCE}/logs?source=a&tail=50")
+    assert [line["seq"] for line in body["lines"]] == list(range(3950, 4000))
+    assert "inside the commit window" not in caplog.text

@@ -6,7 +6,9 @@ Invariants:
   commit order, at most ``BLOCK_LINES`` long, with the ``[min_ts, max_ts]`` of its rows, the
   ``[min_received_at, max_received_at]`` of its rows (migration 020: the commit stamps, which follow
   commit order, so DuckDB's zone maps on ``received_at`` find the block's rows where its ts range, wide
-  when streams interleave or clocks differ, cannot) and ``bits``:
+  when streams interleave or clocks differ, cannot; a commit's rows are stamped its ``received_us`` plus
+  their block's index among the blocks it touches, so a block's range holds no other block's rows while
+  the clock moves forward) and ``bits``:
   a bitset of ``26**3`` bits holding at least every letter trigram of its lines. Extra bits are always
   allowed (they only make a search scan more); a missing one would lose a hit, so none may be missing.
   The ranges may be wider than the rows' (extra rows scanned), never narrower.
@@ -42,6 +44,7 @@ BLOCK_LINES = 2048
 RUN_CACHE_MAX = 8192
 RUN_CACHE_MAX_BYTES = 32
 NBITS = 26 ** 3
+STAMP_TYPE = pa.timestamp("us")  # logs.received_at
 _FOLD = bytes(c + 32 if 65 <= c <= 90 else c if 97 <= c <= 122 else 32 for c in range(256))
 _TO_ASCII = ((b"\xe2\x84\xaa", b"k"), (b"\xc4\xb0", b"i"))  # U+212A, U+0130: DuckDB's lower() gives k, i
 
@@ -105,14 +108,19 @@ class BlockWriter:
         self.block_lines = block_lines
         self._open: _Block | None = None
         self._next_id: int | None = None
-        self._pending: tuple[_Block | None, int] | None = None
+        self._pending: tuple[_Block | None, int, int] | None = None
+        self.spread = 0  # the last commit's stamps ran from its received_us to received_us + spread
 
     def _load(self, con: duckdb.DuckDBPyConnection) -> None:
         (top,) = con.execute("SELECT coalesce(max(block), 0) FROM log_blocks").fetchone()
         self._next_id = top + 1  # after a restart a new block begins: the last one may stay short
 
-    def add(self, con: duckdb.DuckDBPyConnection, batches: list[pa.RecordBatch], received_us: int) -> None:
-        """The blocks of a commit's rows, all stamped ``received_us`` (their ``received_at``)."""
+    def add(self, con: duckdb.DuckDBPyConnection, batches: list[pa.RecordBatch], received_us: int) -> pa.ChunkedArray:
+        """The blocks of a commit's rows, and the rows' ``received_at`` in order: ``received_us`` plus the index of the
+        row's block among the blocks the commit touches (0 for the open block it continues). A block's slice of
+        a commit is stamped apart from the commit's other blocks, so the block's received_at range holds its own
+        rows and no other's: a commit of 64 connections (~6,400 rows) no longer makes each of its blocks read
+        all of it. The commit's stamps end at ``received_us + spread`` (``spread`` once it is committed)."""
         if self._next_id is None:
             self._load(con)
         block = self._open
@@ -121,6 +129,7 @@ class BlockWriter:
             block = _Block(block.block, block.lines, block.min_us, block.max_us, set(block.grams), set(block.runs),
                            stored=True, min_received_us=block.min_received_us, max_received_us=block.max_received_us)
         touched: list[_Block] = []
+        rows_of: list[int] = []  # rows stamped received_us + i, for each touched block i
         for batch in batches:
             lines, ts = batch.column("line"), batch.column("ts").cast(pa.int64())
             start = 0
@@ -128,6 +137,10 @@ class BlockWriter:
                 if block is None or block.lines >= self.block_lines:
                     block = _Block(next_id, 0, 0, 0)
                     next_id += 1
+                if not touched or touched[-1] is not block:
+                    touched.append(block)
+                    rows_of.append(0)
+                stamp = received_us + len(touched) - 1
                 n = min(self.block_lines - block.lines, batch.num_rows - start)
                 _, offsets, data = lines.buffers()
                 if data is not None:  # the bytes of rows [start, start + n), through the int32 offsets
@@ -145,11 +158,10 @@ class BlockWriter:
                 block.max_us = hi_us if block.lines == 0 else max(block.max_us, hi_us)
                 block.lines += n
                 if block.min_received_us is None:
-                    block.min_received_us = block.max_received_us = received_us
-                block.min_received_us = min(block.min_received_us, received_us)
-                block.max_received_us = max(block.max_received_us, received_us)
-                if not touched or touched[-1] is not block:
-                    touched.append(block)
+                    block.min_received_us = block.max_received_us = stamp
+                block.min_received_us = min(block.min_received_us, stamp)
+                block.max_received_us = max(block.max_received_us, stamp)
+                rows_of[-1] += n
                 start += n
         for b in touched:
             params = {"b": b.block, "n": b.lines, "lo": b.min_us, "hi": b.max_us, "bits": bitstring(b.grams),
@@ -162,11 +174,14 @@ class BlockWriter:
                 con.execute("INSERT INTO log_blocks (block, min_ts, max_ts, lines, bits, min_received_at, max_received_at) "
                             "VALUES ($b, make_timestamp($lo), make_timestamp($hi), $n, $bits::BIT, make_timestamp($rlo), "
                             "make_timestamp($rhi))", params)
-        self._pending = (block, next_id)
+        self._pending = (block, next_id, max(len(touched) - 1, 0))
+        return pa.chunked_array([pa.repeat(pa.scalar(received_us + i, STAMP_TYPE), n) for i, n in enumerate(rows_of)],
+                                STAMP_TYPE)
 
     def committed(self) -> None:
+        self.spread = 0
         if self._pending is not None:
-            self._open, self._next_id = self._pending
+            self._open, self._next_id, self.spread = self._pending
             if self._open is not None:
                 self._open.stored = True
             self._pending = None

@@ -82,13 +82,15 @@ class SeqRanges:
         self.last_us: int | None = None  # the newest commit time of any stored line
         self.coarse: tuple[int, int] | None = None  # the start-up below pair, until refine() narrows it
 
-    def mark(self, lo: int, hi: int, received_us: int | None) -> None:
-        """Lines with seqs in [lo, hi] were committed at ``received_us`` (None: unknown, and the
-        stream's lines are no longer located)."""
+    def mark(self, lo: int, hi: int, received_us: int | None, last_us: int | None = None) -> None:
+        """Lines with seqs in [lo, hi] were committed with stamps from ``received_us`` to ``last_us`` (the
+        same when None; a commit's blocks are stamped apart); ``received_us`` None: unknown, and the stream's
+        lines are no longer located."""
         if received_us is None or self.buckets is None:
             self.buckets = None
             return
-        self.last_us = received_us if self.last_us is None else max(self.last_us, received_us)
+        newest = received_us if last_us is None else max(received_us, last_us)
+        self.last_us = newest if self.last_us is None else max(self.last_us, newest)
         self._cover(lo, hi, received_us)
 
     def _cover(self, lo: int, hi: int, us: int) -> None:
@@ -293,16 +295,18 @@ class StreamIndex:
         ranges = self._streams.get(key)
         return ranges is not None and ranges.overlaps(lo, hi)
 
-    def commit(self, key: StreamKey, sorted_seqs: list[int], received_us: int | None = None) -> None:
+    def commit(self, key: StreamKey, sorted_seqs: list[int], received_us: int | None = None,
+               last_us: int | None = None) -> None:
         """Record seqs that are now committed (sorted, distinct, none stored before), with the
-        ``received_at`` the commit gave them (None: unknown, and the stream's lines are no longer located)."""
+        ``received_at`` the commit gave them, from ``received_us`` to ``last_us`` (None: unknown, and the
+        stream's lines are no longer located)."""
         with self._lock:
             ranges = self._ranges(key)
             for lo, hi in runs_of(sorted_seqs):
                 ranges.add_range(lo, hi)
             self._by_instance[key[0]].sources[key[1]].lines += len(sorted_seqs)
             if sorted_seqs:
-                ranges.mark(sorted_seqs[0], sorted_seqs[-1], received_us)
+                ranges.mark(sorted_seqs[0], sorted_seqs[-1], received_us, last_us)
 
     def tail_bounds(self, instance_id: str, source: str, n: int) -> TailBounds | None:
         """``tail_floor`` and where those lines are in time (see TailBounds); None when it is."""

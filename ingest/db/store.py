@@ -185,7 +185,8 @@ def migrate(con: duckdb.DuckDBPyConnection, files: list[tuple[int, str, str]] | 
 
 # --- the log rows of a group commit (the writer's staging) -------------------------------------------
 LOG_CHUNK_SCHEMA = pa.schema([f for f in LOG_SCHEMA if f.name != "received_at"])  # received_at is the commit's
-LOG_COLUMNS_SQL = "instance_id, source, run_id, seq, ts, make_timestamp({received_us}::BIGINT), line, truncated"
+# The rows as ``logs`` stores them, from a commit's batches with their received_at appended (``_insert_logs``)
+LOG_COLUMNS_SQL = "instance_id, source, run_id, seq, ts, received_at, line, truncated"
 _NOT_TRUNCATED = pa.scalar(False, pa.bool_())
 TS_TYPE = pa.timestamp("us")
 
@@ -260,9 +261,8 @@ def write_batch(
         con.execute("BEGIN")
         _upsert_instances(con, instances, received_us)
         if len(logs):
-            _insert_logs(con, logs, received_us, stream_parts)
-            if blocks is not None:
-                blocks.add(con, logs.batches, received_us)
+            stamps = blocks.add(con, logs.batches, received_us) if blocks is not None else None
+            _insert_logs(con, logs, received_us, stream_parts, stamps)
         if len(metrics):
             received = pa.scalar(received_us, TS_TYPE)  # ~10 us: only when there are metrics
             table = pa.Table.from_arrays(
@@ -303,11 +303,12 @@ def warm_up() -> None:
 # row up to the mark (recount_stream_parts), the lake's rows (its view)
 STREAM_FIGURES_SQL = """instance_id, source, run_id, count(*) AS lines, min(seq) AS first_seq, max(seq) AS last_seq,
        count(*) FILTER (WHERE truncated) AS truncated, min(ts) AS first_ts, max(ts) AS last_ts"""
-# A commit's rows stamped at or before the mark (a clock stepped back): log_stream_tail would not count them
+# A commit's rows stamped at or before the mark (a clock stepped back): log_stream_tail would not count them (a
+# commit's blocks are stamped apart, so some of its rows may be after the mark: those are the tail's)
 _ADD_STREAM_PARTS_SQL = f"""
 INSERT INTO log_stream_parts
-SELECT {STREAM_FIGURES_SQL}, make_timestamp({{received_us}}::BIGINT)
-FROM _log_batch GROUP BY ALL
+SELECT {STREAM_FIGURES_SQL}, max(received_at)
+FROM _log_batch WHERE received_at <= make_timestamp({{mark_us}}::BIGINT) GROUP BY ALL
 """
 # The tail (every row after the mark) into the parts; returns each new part's newest stamp
 _ADD_STREAM_TAIL_SQL = "INSERT INTO log_stream_parts SELECT * FROM log_stream_tail RETURNING epoch_us(last_received_at)"
@@ -353,7 +354,7 @@ class StreamParts:
         if restored:
             pass
         elif received_us <= mark_us:
-            (added,) = con.execute(_ADD_STREAM_PARTS_SQL.format(received_us=int(received_us))).fetchone()
+            (added,) = con.execute(_ADD_STREAM_PARTS_SQL.format(mark_us=int(mark_us))).fetchone()
             rows += added
         else:
             since += lines
@@ -457,13 +458,16 @@ def _add_stream_declarations(con: duckdb.DuckDBPyConnection, events: pa.Table) -
 
 
 def _insert_logs(con: duckdb.DuckDBPyConnection, logs: LogColumns, received_us: int,
-                 stream_parts: "StreamParts | None" = None) -> None:
+                 stream_parts: "StreamParts | None" = None, stamps: pa.ChunkedArray | None = None) -> None:
     """The commit's log rows into ``logs``, from a registered Arrow table (``_log_batch``: ``stream_parts`` may
-    read it too). Their figures are log_stream_lines' at once (log_stream_tail, 024); ``stream_parts`` (the
-    writer's, file mode) moves the mark when due."""
-    con.register("_log_batch", pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA))
+    read it too), each stamped ``received_us`` or, with the token filter, its block's stamp (``stamps``, the
+    rows' in order: ingest/db/searchtokens.py BlockWriter.add). Their figures are log_stream_lines' at once
+    (log_stream_tail, 024); ``stream_parts`` (the writer's, file mode) moves the mark when due."""
+    table = pa.Table.from_batches(logs.batches, schema=LOG_CHUNK_SCHEMA)
+    received = stamps if stamps is not None else pa.repeat(pa.scalar(received_us, TS_TYPE), len(logs))
+    con.register("_log_batch", table.append_column("received_at", received))
     try:
-        con.execute(f"INSERT INTO logs SELECT {LOG_COLUMNS_SQL.format(received_us=int(received_us))} FROM _log_batch")
+        con.execute(f"INSERT INTO logs SELECT {LOG_COLUMNS_SQL} FROM _log_batch")
         if stream_parts is not None:
             stream_parts.add(con, received_us, len(logs))
     finally:

@@ -363,7 +363,7 @@ class Writer:
         self._touched(staged.instances, instances, received_us)
         self._metrics.commit_seconds.observe(time.perf_counter() - started)
         self._metrics.batch_rows.observe(len(staged.logs) + len(staged.events) + len(staged.metrics))
-        self._publish(staged, received_us)
+        self._publish(staged, received_us, received_us + (self._blocks.spread if self._blocks is not None else 0))
         if self._watchers and staged.events:
             stored = {event.kind for event, is_new in zip(staged.events, fresh) if is_new}
             for kinds, callback in self._watchers:
@@ -526,8 +526,9 @@ class Writer:
         for instance_id in staged.touched.union(staged.instances):
             self._changed[instance_id] = at
 
-    def _publish(self, staged: _Staged, received_us: int | None = None) -> None:
-        """After a commit: the dedupe index and the tail cache learn what is now stored."""
+    def _publish(self, staged: _Staged, received_us: int | None = None, last_us: int | None = None) -> None:
+        """After a commit: the dedupe index and the tail cache learn what is now stored (stamped from
+        ``received_us`` to ``last_us``: the token filter stamps a commit's blocks apart)."""
         new_sources = {
             (instance_id, source)
             for (instance_id, source) in staged.tail_rows
@@ -535,7 +536,7 @@ class Writer:
         }
         for key, seqs in staged.new_seqs.items():
             seqs.sort()
-            self._index.commit(key, seqs, received_us)
+            self._index.commit(key, seqs, received_us, last_us)
         for tail_key, rows in staged.tail_rows.items():
             rows.sort()
             self._tail.on_commit(tail_key, rows, tail_key in new_sources, trimmed=tail_key in staged.tail_trimmed)
