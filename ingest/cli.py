@@ -182,6 +182,9 @@ def serve(args: dict) -> int:
     if settings is None:
         return 2
     _logging(settings)
+    from ingest.budget import start_heap_trimmer
+
+    start_heap_trimmer()  # what the server frees leaves its RSS (the memory budget under a flood)
     try:
         app = create_app(settings)
         if not settings.tokens_enabled:
