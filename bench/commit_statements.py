@@ -77,7 +77,10 @@ class TimedConnection:
         rel = self.con.from_arrow(table)
         proxy = self
 
-        class Relation:  # the logs insert: project(...).insert_into("logs")
+        class Relation:  # the logs insert: insert_into("logs") (or, in older trees, project(...).insert_into)
+            def insert_into(self, name):
+                return proxy._timed(f"insert into {name} (arrow)", rel.insert_into, name)
+
             def project(self, sql):
                 inner = rel.project(sql)
 
