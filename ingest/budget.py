@@ -36,10 +36,12 @@ EXPANSION = 6
 # block freed, so after the first bodies nearly everything comes from the heaps), and a heap gives pages back
 # only from its top: under a flood the freed bodies, Arrow buffers and line slices stayed in the RSS, and the
 # next burst grew it again. bench/flood_memory.py's flood (64 clients, 5,000-line bodies, 256 MB budget): peak
-# RSS over the baseline 203-271 MiB (twice over the budget in tests/test_flood.py, CI) -> 188-195 MiB with
-# malloc_trim every 0.25 s. Fixing the mmap threshold at 128 KiB did as well for memory but cost searches ~12%
-# (DuckDB's per-statement zstd buffers mmapped and faulted in each time); 512 KiB kept 226-251 MiB.
-TRIM_INTERVAL_S = 0.25
+# RSS over the baseline 203-271 MiB (twice over the budget in tests/test_flood.py, CI) -> 200-220 MiB with
+# malloc_trim every 0.5 s (193-213 every 0.25 s, 193-226 every second). The trimmer's own CPU was below the
+# per-thread counters' resolution; the server's CPU per line at 8 connections 17.5, 17.6 us with it and 17.6,
+# 16.6 without (600 k lines, alternating). Fixing the mmap threshold at 128 KiB did as well for memory but cost
+# searches ~12% (DuckDB's per-statement buffers mmapped and faulted in each time); 512 KiB kept 226-251 MiB.
+TRIM_INTERVAL_S = 0.5
 
 
 def start_heap_trimmer(interval_s: float = TRIM_INTERVAL_S) -> bool:
