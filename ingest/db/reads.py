@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -17,6 +16,7 @@ import duckdb
 import orjson
 
 from ingest.contract.codec import MAX_EVENT_DEPTH, nests_deeper
+from ingest.db.deadlines import DEADLINES
 from ingest.errors import QueryTimeout, StorageUnavailable
 from ingest.db.seqindex import TailBounds
 from ingest.db.tailcache import TailRow
@@ -30,8 +30,7 @@ def deadline_cursor(con: duckdb.DuckDBPyConnection, timeout_s: float) -> Iterato
     """``con`` itself (a DuckDB connection or cursor that one thread uses: the Reader hands each read
     a tracked cursor of its own, ``Reader.read``), interrupted after ``timeout_s``, DuckDB's errors
     translated. The caller closes it."""
-    timer = threading.Timer(timeout_s, con.interrupt)
-    timer.start()
+    deadline = DEADLINES.watch(con.interrupt, timeout_s)
     try:
         yield con
     except duckdb.InterruptException as e:
@@ -42,7 +41,7 @@ def deadline_cursor(con: duckdb.DuckDBPyConnection, timeout_s: float) -> Iterato
         raise StorageUnavailable("the database's memory (duckdb_memory_limit_mb) is spent by reads; retry later, or ask "
                                  "for less (fewer lines)") from e
     finally:
-        timer.cancel()
+        DEADLINES.cancel(deadline)
 
 
 def run_under_deadline(cur: duckdb.DuckDBPyConnection, timeout_s: float, run: Callable[[], Any]
@@ -50,8 +49,7 @@ def run_under_deadline(cur: duckdb.DuckDBPyConnection, timeout_s: float, run: Ca
     """``run()`` (queries on ``cur``) interrupted after ``timeout_s``: (its result, None), or (None,
     (reason, message)) when it timed out ("timeout") or DuckDB refused it ("error"). Storage failures
     are raised (they end a policy cycle)."""
-    timer = threading.Timer(timeout_s, cur.interrupt)
-    timer.start()
+    deadline = DEADLINES.watch(cur.interrupt, timeout_s)
     try:
         return run(), None
     except duckdb.InterruptException:
@@ -61,7 +59,7 @@ def run_under_deadline(cur: duckdb.DuckDBPyConnection, timeout_s: float, run: Ca
     except duckdb.Error as e:
         return None, ("error", str(e).splitlines()[0][:300])
     finally:
-        timer.cancel()
+        DEADLINES.cancel(deadline)
 
 
 def _dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
