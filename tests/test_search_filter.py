@@ -347,3 +347,33 @@ def test_a_block_cut_from_large_commits_reads_only_its_own_rows(db):
     # the stamps of a commit stay within it: the next commit's are later, and a tail's window still holds them
     (newest,) = db.execute("SELECT epoch_us(max(received_at)) FROM logs").fetchone()
     assert T0 + 11 * 1000 <= newest < T0 + 11 * 1000 + 10
+
+
+def test_a_rare_phrase_read_in_two_halves_at_once_keeps_the_deadline(db, monkeypatch):
+    """At most 16 admitted blocks are read as two statements at once (search._in_two: the older half on a cursor
+    of its own). The side statement is under the search's deadline too: one that runs long is interrupted, the
+    search says it timed out, and nothing of it is left running."""
+    from ingest.errors import QueryTimeout
+
+    blocks = tokens.BlockWriter(block_lines=50)
+    for c in range(6):
+        rows = [("C.%d" % c, i, T0 + c * 3_600_000_000 + i, "INFO partition done" if i != 7 else f"ERROR out of memory {c}")
+                for i in range(50)]
+        commit(db, blocks, rows, received_us=T0 + c)
+    sides: list[int] = []
+    read = search._read
+
+    def slow_side(cur, filters, params, parts, limit):
+        if parts[0].upper <= T0 + 3 * 3_600_000_000:  # the older half, on the side cursor
+            sides.append(len(parts))
+            cur.execute("SELECT count(*) FROM range(10000000000) a WHERE a.range % 7 = 3").fetchall()
+        return read(cur, filters, params, parts, limit)
+
+    hits, _, plan = run(db, "out of memory", since_us=T0 - 10**9, until_us=T0 + 10**11)
+    assert [h["line"] for h in hits] == [f"ERROR out of memory {c}" for c in range(5, -1, -1)] and plan.ranges_scanned == 6
+    monkeypatch.setattr(search, "_read", slow_side)
+    with pytest.raises(QueryTimeout):
+        search.search(db, 0.5, search.SearchQuery(text="out of memory", regex=False, since_us=T0 - 10**9,
+                                                 until_us=T0 + 10**11))
+    assert sides == [3]
+    assert db.execute("SELECT count(*) FROM logs").fetchone() == (300,)
