@@ -128,7 +128,8 @@ def _side_pool() -> ThreadPoolExecutor:
     global _SIDE
     with _SIDE_LOCK:
         if _SIDE is None:
-            _SIDE = ThreadPoolExecutor(2, thread_name_prefix="fleetlog-search-side")
+            # one per search running at once (search_max_concurrent, 2 by default): up to 16 none waits in a queue
+            _SIDE = ThreadPoolExecutor(16, thread_name_prefix="fleetlog-search-side")
         return _SIDE
 
 
