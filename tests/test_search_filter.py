@@ -251,7 +251,8 @@ def test_a_rare_phrase_in_many_parts_is_read_in_a_few_statements_newest_first(db
 
 def test_a_block_written_over_many_commits_holds_the_trigrams_of_all_its_lines(db):
     """The writer cuts only the letter runs a block has not seen into trigrams; the block's bits are still
-    every trigram of its lines, whichever commit brought them (and a rolled-back commit's are not kept)."""
+    every trigram of its lines, whichever commit brought them. A rolled-back commit's are not kept: the block
+    it extended in place is forgotten and the next commit begins a new one, as after a restart."""
     blocks = tokens.BlockWriter(block_lines=10_000)
     lines = [f"INFO step {i} Kelvin\u212a {'alpha beta' if i % 2 else 'gamma'} wörd{i % 7} ZETA" for i in range(60)]
     for c in range(6):
@@ -259,19 +260,19 @@ def test_a_block_written_over_many_commits_holds_the_trigrams_of_all_its_lines(d
     logs = store.LogColumns.empty()
     logs.append(store.log_chunk_batch("C.9", "s", "0", [0], [T0], ["rolled back xylophone"], [False]))
     db.execute("BEGIN")
-    blocks.add(db, logs.batches, T0 + 99)
+    blocks.add(db, logs.table(), T0 + 99)
     db.execute("ROLLBACK")
     blocks.rolled_back()
-    commit(db, blocks, [("C.1", 100, T0 + 100, "last")], received_us=T0 + 7)
-    (bits,) = db.execute("SELECT bits::VARCHAR FROM log_blocks").fetchone()
-    stored = {i for i, b in enumerate(bits) if b == "1"}
-    every_line = set().union(*(tokens.trigrams(line.encode()) for line in lines + ["last"]))
-    assert every_line <= stored <= tokens.trigrams("".join(lines + ["last"]).encode())  # lines joined: extra bits only
+    commit(db, blocks, [("C.1", 100, T0 + 100, "last xylophone")], received_us=T0 + 7)
+    rows = db.execute("SELECT block, lines, bits::VARCHAR, epoch_us(min_received_at), epoch_us(max_received_at) "
+                      "FROM log_blocks ORDER BY block").fetchall()
+    assert [(b, n, lo, hi) for b, n, _bits, lo, hi in rows] == [(1, 60, T0, T0 + 5), (2, 1, T0 + 7, T0 + 7)]
+    stored = {i for i, b in enumerate(rows[0][2]) if b == "1"}
+    every_line = set().union(*(tokens.trigrams(line.encode()) for line in lines))
+    assert every_line <= stored <= tokens.trigrams("".join(lines).encode())  # lines joined: extra bits only
     assert tokens.trigrams("kelvin".encode()) <= stored and tokens.trigrams(b"zeta") <= stored
     assert tokens.trigrams(b"xylophone") - stored  # the rolled-back line's words are not in the block
-    commit(db, blocks, [("C.1", 101, T0 + 101, "xylophone again")], received_us=T0 + 8)  # the retry brings them
-    (bits,) = db.execute("SELECT bits::VARCHAR FROM log_blocks").fetchone()
-    assert tokens.trigrams(b"xylophone") <= {i for i, b in enumerate(bits) if b == "1"}
+    assert tokens.trigrams(b"last xylophone") <= {i for i, b in enumerate(rows[1][2]) if b == "1"}  # the new block's
 
 
 def test_a_block_of_unrepeated_words_keeps_a_bounded_cache_and_every_trigram(db):

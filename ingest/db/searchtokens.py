@@ -115,54 +115,54 @@ class BlockWriter:
         (top,) = con.execute("SELECT coalesce(max(block), 0) FROM log_blocks").fetchone()
         self._next_id = top + 1  # after a restart a new block begins: the last one may stay short
 
-    def add(self, con: duckdb.DuckDBPyConnection, batches: list[pa.RecordBatch], received_us: int) -> pa.ChunkedArray:
-        """The blocks of a commit's rows, and the rows' ``received_at`` in order: ``received_us`` plus the index of the
-        row's block among the blocks the commit touches (0 for the open block it continues). A block's slice of
-        a commit is stamped apart from the commit's other blocks, so the block's received_at range holds its own
-        rows and no other's: a commit of 64 connections (~6,400 rows) no longer makes each of its blocks read
-        all of it. The commit's stamps end at ``received_us + spread`` (``spread`` once it is committed)."""
+    def add(self, con: duckdb.DuckDBPyConnection, rows: pa.Table, received_us: int) -> pa.Array:
+        """The blocks of a commit's rows (``store.LogColumns.table()``: one chunk a column), and the rows'
+        ``received_at`` in order: ``received_us`` plus the index of the row's block among the blocks the commit
+        touches (0 for the open block it continues). A block's slice of a commit is stamped apart from the
+        commit's other blocks, so the block's received_at range holds its own rows and no other's: a commit of
+        64 connections (~6,400 rows) no longer makes each of its blocks read all of it. The commit's stamps end
+        at ``received_us + spread`` (``spread`` once it is committed).
+
+        The rows are read block by block (one slice of the line bytes, one min/max of ts each), not body by
+        body. The open block is extended in place: a rollback forgets it (``rolled_back``) and the next commit
+        begins a new block, as after a restart, instead of each commit copying the block's trigrams and runs."""
         if self._next_id is None:
             self._load(con)
         block = self._open
         next_id = self._next_id
-        if block is not None:
-            block = _Block(block.block, block.lines, block.min_us, block.max_us, set(block.grams), set(block.runs),
-                           stored=True, min_received_us=block.min_received_us, max_received_us=block.max_received_us)
         touched: list[_Block] = []
         rows_of: list[int] = []  # rows stamped received_us + i, for each touched block i
-        for batch in batches:
-            lines, ts = batch.column("line"), batch.column("ts").cast(pa.int64())
-            start = 0
-            while start < batch.num_rows:
-                if block is None or block.lines >= self.block_lines:
-                    block = _Block(next_id, 0, 0, 0)
-                    next_id += 1
-                if not touched or touched[-1] is not block:
-                    touched.append(block)
-                    rows_of.append(0)
-                stamp = received_us + len(touched) - 1
-                n = min(self.block_lines - block.lines, batch.num_rows - start)
-                _, offsets, data = lines.buffers()
-                if data is not None:  # the bytes of rows [start, start + n), through the int32 offsets
-                    at = memoryview(offsets).cast("i")
-                    lo, hi = at[lines.offset + start], at[lines.offset + start + n]
-                    # a block's lines repeat their words: only runs it has not seen are cut into trigrams
-                    # (the block writer's CPU in a real server at 8 connections: 5.4 -> 4.2 ms a commit)
-                    fresh = letter_runs(data.slice(lo, hi - lo).to_pybytes()) - block.runs
-                    block.grams |= trigrams_of(fresh)
-                    if len(block.runs) < RUN_CACHE_MAX:
-                        block.runs.update(r for r in fresh if len(r) <= RUN_CACHE_MAX_BYTES)
-                bounds = pc.min_max(ts.slice(start, n))
-                lo_us, hi_us = bounds["min"].as_py(), bounds["max"].as_py()
-                block.min_us = lo_us if block.lines == 0 else min(block.min_us, lo_us)
-                block.max_us = hi_us if block.lines == 0 else max(block.max_us, hi_us)
-                block.lines += n
-                if block.min_received_us is None:
-                    block.min_received_us = block.max_received_us = stamp
-                block.min_received_us = min(block.min_received_us, stamp)
-                block.max_received_us = max(block.max_received_us, stamp)
-                rows_of[-1] += n
-                start += n
+        lines, ts = rows.column("line").combine_chunks(), rows.column("ts").combine_chunks()
+        _, offsets, data = lines.buffers()
+        at = memoryview(offsets).cast("i") if data is not None else None
+        start, total = 0, rows.num_rows
+        while start < total:
+            if block is None or block.lines >= self.block_lines:
+                block = _Block(next_id, 0, 0, 0)
+                next_id += 1
+            touched.append(block)
+            rows_of.append(0)
+            stamp = received_us + len(touched) - 1
+            n = min(self.block_lines - block.lines, total - start)
+            if at is not None:  # the bytes of rows [start, start + n), through the int32 offsets
+                lo, hi = at[lines.offset + start], at[lines.offset + start + n]
+                # a block's lines repeat their words: only runs it has not seen are cut into trigrams
+                # (the block writer's CPU in a real server at 8 connections: 5.4 -> 4.2 ms a commit)
+                fresh = letter_runs(data.slice(lo, hi - lo).to_pybytes()) - block.runs
+                block.grams |= trigrams_of(fresh)
+                if len(block.runs) < RUN_CACHE_MAX:
+                    block.runs.update(r for r in fresh if len(r) <= RUN_CACHE_MAX_BYTES)
+            bounds = pc.min_max(ts.slice(start, n))
+            lo_us, hi_us = bounds["min"].value, bounds["max"].value
+            block.min_us = lo_us if block.lines == 0 else min(block.min_us, lo_us)
+            block.max_us = hi_us if block.lines == 0 else max(block.max_us, hi_us)
+            block.lines += n
+            if block.min_received_us is None:
+                block.min_received_us = block.max_received_us = stamp
+            block.min_received_us = min(block.min_received_us, stamp)
+            block.max_received_us = max(block.max_received_us, stamp)
+            rows_of[-1] += n
+            start += n
         for b in touched:
             params = {"b": b.block, "n": b.lines, "lo": b.min_us, "hi": b.max_us, "bits": bitstring(b.grams),
                       "rlo": b.min_received_us, "rhi": b.max_received_us}
@@ -175,8 +175,8 @@ class BlockWriter:
                             "VALUES ($b, make_timestamp($lo), make_timestamp($hi), $n, $bits::BIT, make_timestamp($rlo), "
                             "make_timestamp($rhi))", params)
         self._pending = (block, next_id, max(len(touched) - 1, 0))
-        return pa.chunked_array([pa.repeat(pa.scalar(received_us + i, STAMP_TYPE), n) for i, n in enumerate(rows_of)],
-                                STAMP_TYPE)
+        return pa.concat_arrays([pa.repeat(pa.scalar(received_us + i, STAMP_TYPE), n) for i, n in enumerate(rows_of)]
+                                or [pa.array([], STAMP_TYPE)])
 
     def committed(self) -> None:
         self.spread = 0
@@ -187,7 +187,10 @@ class BlockWriter:
             self._pending = None
 
     def rolled_back(self) -> None:
+        """The open block was changed in place by the commit that failed: forgotten, with the ids (read again)."""
         self._pending = None
+        self._open = None
+        self._next_id = None
 
 
 def cover_unindexed(con: duckdb.DuckDBPyConnection) -> None:
