@@ -203,7 +203,7 @@ def _serve_app(app, settings: config.Settings) -> None:
     from ingest.web.keys import METRICS
     from ingest.metrics import LiveStateCollector
 
-    from ingest.budget import tune_allocator
+    from ingest.budget import freeze_startup_heap, tune_allocator
 
     tune_allocator()
     metrics = app[METRICS]
@@ -217,9 +217,13 @@ def _serve_app(app, settings: config.Settings) -> None:
     guard = listener.ConnectionGuard(cap, settings.http_header_timeout_s, metrics.connections_refused.inc,
                                      metrics.header_timeouts.inc)
     metrics.registry.register(LiveStateCollector({"fleetlog_http_connections": ("Open HTTP connections", lambda: guard.open)}))
-    listener.run(app, settings.host, settings.port, guard, idle_timeout_s=settings.http_idle_timeout_s,
-                 started=lambda site: logger.info("fleetlog serving on %s (database %s, at most %d connections)",
-                                                  site.name, settings.db, cap))
+
+    def started(site) -> None:
+        frozen = freeze_startup_heap()  # after start-up (database open, stream index read): short full GC passes
+        logger.info("start-up heap frozen: %d objects left out of the garbage collector's passes", frozen)
+        logger.info("fleetlog serving on %s (database %s, at most %d connections)", site.name, settings.db, cap)
+
+    listener.run(app, settings.host, settings.port, guard, idle_timeout_s=settings.http_idle_timeout_s, started=started)
 
 
 def policy_run(args: dict) -> int:
