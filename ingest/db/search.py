@@ -22,7 +22,6 @@ import duckdb
 
 from ingest.db import searchtokens as tokens
 from ingest.errors import QueryError
-from ingest.db.deadlines import DEADLINES
 from ingest.db.reads import deadline_cursor
 from ingest.timestamps import datetime_to_us
 
@@ -147,18 +146,17 @@ def _in_two(cur, timeout_s: float, filters: str, params: dict[str, Any], parts: 
         cut += 1
     cut = max(cut, 1)
     side = cur.cursor()
-    deadline = DEADLINES.watch(side.interrupt, timeout_s)
     try:
-        older = _side_pool().submit(_read, side, filters, params, parts[cut:], limit)
-        try:
-            newer = _read(cur, filters, params, parts[:cut], limit)
-        except BaseException:
-            side.interrupt()
-            older.exception()  # waited for: the side cursor is done before the error goes up
-            raise
-        return (newer + older.result())[:limit]
+        with deadline_cursor(side, timeout_s):
+            older = _side_pool().submit(_read, side, filters, params, parts[cut:], limit)
+            try:
+                newer = _read(cur, filters, params, parts[:cut], limit)
+            except BaseException:
+                side.interrupt()
+                older.exception()  # waited for: the side cursor is done before the error goes up
+                raise
+            return (newer + older.result())[:limit]
     finally:
-        DEADLINES.cancel(deadline)
         side.close()
 
 

@@ -471,7 +471,7 @@ def _add_stream_declarations(con: duckdb.DuckDBPyConnection, events: pa.Table) -
 
 
 def _insert_logs(con: duckdb.DuckDBPyConnection, rows: pa.Table, received_us: int,
-                 stream_parts: "StreamParts | None" = None, stamps: pa.ChunkedArray | None = None) -> None:
+                 stream_parts: "StreamParts | None" = None, stamps: pa.Array | None = None) -> None:
     """The commit's log rows (``LogColumns.table()``) into ``logs``, in the table's column order (LOG_COLUMNS_SQL),
     each stamped ``received_us`` or, with the token filter, its block's stamp (``stamps``, the rows' in order:
     ingest/db/searchtokens.py BlockWriter.add). Appended through DuckDB's relation API: registering the table
