@@ -182,9 +182,10 @@ def serve(args: dict) -> int:
     if settings is None:
         return 2
     _logging(settings)
-    from ingest.budget import start_heap_trimmer
+    from ingest.budget import arrow_on_glibc, start_heap_trimmer
 
     start_heap_trimmer()  # what the server frees leaves its RSS (the memory budget under a flood)
+    logger.info("Arrow buffers from glibc's malloc (pool %s): what is freed leaves the RSS", arrow_on_glibc())
     try:
         app = create_app(settings)
         if not settings.tokens_enabled:

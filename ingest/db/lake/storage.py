@@ -231,6 +231,7 @@ def open_lake(dsn: str, data_path: str, memory_limit_mb: int = 256, temp_dir: st
         con.execute(f"SET temp_directory = {_quote(str(tmp))}")
         con.execute(f"SET max_temp_directory_size = '{int(memory_limit_mb) * store.TEMP_DIR_FACTOR}MB'")
         con.execute(f"SET allowed_directories = [{_quote(str(data) + '/')}, {_quote(str(tmp) + '/')}]")
+        con.execute(store.ALLOCATOR_SQL)
         con.execute("SET enable_external_access = false")
         # A commit that found others committed meanwhile is retried in the catalog without rewriting
         # files; a merge beside nodes committing back to back needs more than the default 10 tries.
