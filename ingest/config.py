@@ -115,13 +115,18 @@ class Settings:
         2, "log searches (fleet-wide, and an instance's lines with q=) run at once (their own threads); beyond it 429 "
         "with Retry-After", minimum=1,
     )
+    # DuckDB keeps every block a checkpoint writes in its buffer pool until the limit is reached: at 256 the pool held
+    # 194 MiB after 10 M lines (121 of them such blocks) and the server's RSS was 441-460 MiB; at 160, 136 MiB and
+    # 377-394 MiB, with the same bytes per line and in-process search times (bench/vs_victorialogs.py, 2026-12-05).
+    # At 128 the checkpoints (a quarter of the limit: 32 MB of WAL) left 2 more bytes a line free in the file.
     duckdb_memory_limit_mb: int = _setting(
-        256, "DuckDB's memory_limit; bigger queries spill to a temp directory next to the database, or fail with 400", minimum=16
+        160, "DuckDB's memory_limit (its cache of stored blocks included); bigger queries spill to a temp directory next to "
+        "the database, or fail with 400", minimum=16
     )
     duckdb_checkpoint_mb: int = _setting(
         64, "WAL size at which DuckDB checkpoints: smaller, a faster restart after a crash; larger, fewer rewrites "
-        "(at DuckDB's 16 a file kept a quarter of its blocks free); at most a quarter of duckdb_memory_limit_mb, not "
-        "below 16 (file mode only)", minimum=1,
+        "(at DuckDB's 16 a file kept a quarter of its blocks free); at most a quarter of duckdb_memory_limit_mb "
+        "(40 at its default), not below 16 (file mode only)", minimum=1,
     )
     max_lines_per_request: int = _setting(50_000, "most log lines (or metric samples, OTLP records) in one request; 413 beyond", minimum=1)
     max_streams_per_request: int = _setting(1_000, "most log streams in one request; 413 beyond", minimum=1)

@@ -3,7 +3,8 @@
 Each checkpoint rewrites the row group the writer is still filling and frees the blocks it held; the
 next checkpoint reuses them only as far as it writes new data. With DuckDB's default threshold (a
 checkpoint per 16 MiB of WAL, ~80,000 lines) a file written in group commits kept a quarter of its
-blocks free (400,000 lines: 32 of 122); at 64 MiB, 2 of 91."""
+blocks free (400,000 lines: 32 of 122); at 64 MiB, 2 of 91; at 40 (a quarter of the default
+duckdb_memory_limit_mb, 160), 1 of 91."""
 
 from __future__ import annotations
 
