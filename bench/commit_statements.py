@@ -96,10 +96,10 @@ def bodies(rng: random.Random, seqs: dict, count: int) -> store.LogColumns:
     for instance, source in rng.sample(STREAMS, count):
         s0 = seqs.get((instance, source), 0)
         seqs[(instance, source)] = s0 + BODY_LINES
-        logs.append(store.log_chunk_batch(
+        logs.add(
             instance, source, "0", list(range(s0, s0 + BODY_LINES)),
             [1_764_000_000_000_000 + (s0 + i) * 1000 for i in range(BODY_LINES)],
-            [make_line(rng, 1_764_000_000 + s0 + i) for i in range(BODY_LINES)], [False] * BODY_LINES))
+            [make_line(rng, 1_764_000_000 + s0 + i) for i in range(BODY_LINES)], [False] * BODY_LINES)
     return logs
 
 

@@ -29,9 +29,9 @@ def _group_commits(con: duckdb.DuckDBPyConnection, lines: int) -> None:
         for instance, source in rng.sample(STREAMS, 8):
             s0 = seqs.get((instance, source), 0)
             seqs[(instance, source)] = s0 + 100
-            logs.append(store.log_chunk_batch(
+            logs.add(
                 instance, source, "0", list(range(s0, s0 + 100)), [1_764_000_000_000_000 + (s0 + i) * 1000 for i in range(100)],
-                [make_line(rng, 1_764_000_000 + s0 + i) for i in range(100)], [False] * 100))
+                [make_line(rng, 1_764_000_000 + s0 + i) for i in range(100)], [False] * 100)
         store.write_batch(con, logs, [], MetricRows(), {}, 1_800_000_000_000_000 + n * 10_000, blocks=blocks, stream_parts=parts)
         blocks.committed()
         parts.committed()

@@ -25,11 +25,11 @@ def commit(con, blocks, rows: list[tuple[str, int, int, str]], received_us: int 
     for instance, seq, ts_us, line in rows:  # one batch per stream and run of rows, as the writer's requests
         if streams and instance not in streams:
             for name, part in streams.items():
-                logs.append(store.log_chunk_batch(name, "s", "0", *map(list, zip(*part)), [False] * len(part)))
+                logs.add(name, "s", "0", *map(list, zip(*part)), [False] * len(part))
             streams = {}
         streams.setdefault(instance, []).append((seq, ts_us, line))
     for name, part in streams.items():
-        logs.append(store.log_chunk_batch(name, "s", "0", *map(list, zip(*part)), [False] * len(part)))
+        logs.add(name, "s", "0", *map(list, zip(*part)), [False] * len(part))
     store.write_batch(con, logs, [], MetricRows(), {}, received_us, blocks=blocks)
     blocks.committed()
 
@@ -258,7 +258,7 @@ def test_a_block_written_over_many_commits_holds_the_trigrams_of_all_its_lines(d
     for c in range(6):
         commit(db, blocks, [("C.%d" % (c % 2), i, T0 + i, lines[i]) for i in range(c * 10, c * 10 + 10)], received_us=T0 + c)
     logs = store.LogColumns.empty()
-    logs.append(store.log_chunk_batch("C.9", "s", "0", [0], [T0], ["rolled back xylophone"], [False]))
+    logs.add("C.9", "s", "0", [0], [T0], ["rolled back xylophone"], [False])
     db.execute("BEGIN")
     blocks.add(db, logs.table(), T0 + 99)
     db.execute("ROLLBACK")

@@ -153,8 +153,8 @@ def _commit(con, parts, stream_rows: list[tuple[str, str, list[int]]], received_
     from ingest.contract.codec import MetricRows
     logs = store.LogColumns.empty()
     for instance_id, source, seqs in stream_rows:
-        logs.append(store.log_chunk_batch(instance_id, source, "0", seqs, [1_764_415_248_000_000 + s for s in seqs],
-                                          [f"line {s}" for s in seqs], [s % 5 == 0 for s in seqs]))
+        logs.add(instance_id, source, "0", seqs, [1_764_415_248_000_000 + s for s in seqs], [f"line {s}" for s in seqs],
+                 [s % 5 == 0 for s in seqs])
     store.write_batch(con, logs, [], MetricRows(), {}, received_us, list(actions), stream_parts=parts)
     parts.committed()
 
@@ -248,8 +248,8 @@ def test_a_commit_whose_blocks_straddle_the_mark_is_counted_once(tmp_path):
     def commit(stream_rows, received_us):
         logs = store.LogColumns.empty()
         for instance_id, seqs in stream_rows:
-            logs.append(store.log_chunk_batch(instance_id, "benchout", "0", seqs, [1_764_415_248_000_000 + s for s in seqs],
-                                              [f"line {s}" for s in seqs], [s % 5 == 0 for s in seqs]))
+            logs.add(instance_id, "benchout", "0", seqs, [1_764_415_248_000_000 + s for s in seqs], [f"line {s}" for s in seqs],
+                     [s % 5 == 0 for s in seqs])
         store.write_batch(con, logs, [], MetricRows(), {}, received_us, blocks=blocks, stream_parts=parts)
         parts.committed()
         blocks.committed()

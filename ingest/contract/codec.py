@@ -80,7 +80,6 @@ class LogChunk:
     lines: list[str]
     truncated: list[bool]
     ascending: bool = False  # seqs strictly increasing (the writer's fast path)
-    arrow: Any = None  # the rows as an Arrow record batch (``store.log_chunk_batch``), built by Writer.submit
 
 
 @dataclass

@@ -36,7 +36,6 @@ import shutil
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 
 from ingest.db import store
 from ingest.contract.codec import Event, LogChunk, MetricRows
@@ -193,11 +192,6 @@ class Writer:
         """Queue rows and wait for the commit that holds them. Raises Overloaded when full, and
         StorageUnavailable while the database cannot write."""
         logs = logs or []
-        for chunk in logs:  # on the caller's thread: the writer's own thread only concatenates
-            if chunk.arrow is None:
-                chunk.arrow = store.log_chunk_batch(chunk.instance_id, chunk.source, chunk.run_id,
-                                                    chunk.seqs if chunk.seqs is not None else [0] * len(chunk.lines),
-                                                    chunk.ts_us, chunk.lines, chunk.truncated)
         events = events or []
         metrics = metrics if metrics is not None else MetricRows()
         rows = sum(len(c.lines) for c in logs) + len(events) + len(metrics)
@@ -427,22 +421,19 @@ class Writer:
                         keep = [i for i, s in enumerate(seqs) if s not in in_batch and not self._index.is_stored(key, s)]
                 next_seq[key] = max(next_seq.get(key, 0), self._index.next_seq(key), hi + 1)
                 batch_ranges.setdefault(key, []).append((lo, hi))
-                arrow = chunk.arrow
                 if keep is None:
-                    ts_us, texts = chunk.ts_us, chunk.lines
+                    ts_us, texts, truncated = chunk.ts_us, chunk.lines, chunk.truncated
                 else:
                     seqs = [seqs[i] for i in keep]
                     ts_us = [chunk.ts_us[i] for i in keep]
                     texts = [chunk.lines[i] for i in keep]
-                    arrow = arrow.take(pa.array(keep, pa.int64()))
+                    truncated = [chunk.truncated[i] for i in keep]
                 m = len(seqs)
                 counts[0] += m
                 counts[1] += n - m
                 if not m:
                     continue
-                if chunk.seqs is None:
-                    arrow = arrow.set_column(SEQ_COLUMN, "seq", pa.array(seqs, pa.int64()))
-                cols.append(arrow)
+                cols.add(chunk.instance_id, chunk.source, chunk.run_id, seqs, ts_us, texts, truncated)
                 staged.new_seqs.setdefault(key, []).extend(seqs)
                 tail_key = (chunk.instance_id, chunk.source)
                 if m > tail_capacity and (chunk.ascending or chunk.seqs is None):  # seqs sorted
@@ -543,7 +534,6 @@ class Writer:
 
 
 LAST_SEEN_STEP_US = 1_000_000  # instances.last_seen lags the newest commit by less than this
-SEQ_COLUMN = store.LOG_CHUNK_SCHEMA.get_field_index("seq")
 RECOVER_MIN_FREE_BYTES = 1024 * 1024  # reopen once the database's disk has this much room
 
 
