@@ -112,6 +112,31 @@ async def test_long_line_is_truncated_and_flagged_not_dropped(make_client):
     assert rows == [(0, 1024, True), (1, 5, False)]
 
 
+async def test_a_resend_keeps_each_line_s_truncated_flag_with_its_line(make_client):
+    """The writer drops the lines a resend repeats and gathers the rest column by column: each stored line keeps
+    its own flag and seq, in the same commit as other streams' lines (the group commit's rows are one table)."""
+    client = await make_client(max_line_bytes=1024)
+
+    def doc(seqs):
+        return {"instance_id": "C.1", "source": "benchout",
+                "lines": [{"seq": s, "line": (f"long {s} " + "é" * 2000) if s % 3 == 1 else f"short {s}"} for s in seqs]}
+
+    assert (await (await post(client, "/api/v1/logs", doc(range(0, 5)))).json())["accepted"] == 5
+    other = {"instance_id": "C.2", "source": "setup", "lines": [{"seq": 0, "line": "other " + "x" * 2000}]}
+    replies = await asyncio.gather(post(client, "/api/v1/logs", doc([7, 3, 5, 0, 6, 1])), post(client, "/api/v1/logs", other))
+    assert [await r.json() for r in replies] == [{"ok": True, "accepted": 3, "duplicates": 3},
+                                                 {"ok": True, "accepted": 1, "duplicates": 0}]
+    got = db_rows(client, "SELECT instance_id, seq, split_part(line, ' ', 1), split_part(line, ' ', 2), truncated "
+                          "FROM logs ORDER BY instance_id, seq")
+    assert got == [("C.1", s, "long" if s % 3 == 1 else "short", str(s), s % 3 == 1) for s in (0, 1, 2, 3, 4, 5, 6, 7)] + [
+        ("C.2", 0, "other", "x" * (1024 - len("other ")), True)]
+    plain = await client.post("/api/log-push", data=("y" * 3000 + "\nshort\n").encode(),
+                              headers={"X-Instance-Id": "C.3", "X-Log-Source": "entrypoint"})
+    assert plain.status == 200
+    assert db_rows(client, "SELECT seq, octet_length(encode(line)), truncated FROM logs WHERE instance_id = 'C.3' ORDER BY seq") == [
+        (0, 1024, True), (1, 5, False)]
+
+
 async def test_gzip_body_is_accepted(client):
     body = gzip.compress(orjson.dumps({"instance_id": "C.1", "source": "benchout", "lines": lines(50)}))
     r = await client.post("/api/v1/logs", data=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
