@@ -91,7 +91,6 @@ def fill(path: Path, table: pa.Table, blocks) -> float:
         logs.ts_us.extend(part["ts"].cast(pa.int64()).to_pylist())
         logs.lines.extend(part["line"].to_pylist())
         logs.truncated.extend([False] * n)
-        logs.instances.update(set(logs.instance_ids))
         t0 = time.process_time()
         # each commit its own stamp, as the writer's (the search finds a block's rows by them, migration 020)
         store.write_batch(con, logs, [], MetricRows(), {}, 1_800_000_000_000_000 + start, blocks=blocks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -128,6 +129,17 @@ class ServerProcess:
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError(f"server not ready after {timeout_s} s: {self.log.read_text()[-2000:]}")
+
+    def wait_for_log(self, pattern: str, timeout_s: float = 60) -> re.Match:
+        """The first match of ``pattern`` in the server's log, polled until it appears (AssertionError after
+        ``timeout_s``, with the log's end)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = re.search(pattern, self.log.read_text(errors="replace"))
+            if found is not None:
+                return found
+            assert time.monotonic() < deadline, f"{pattern!r} not in the log: {self.log.read_text()[-2000:]}"
+            time.sleep(0.1)
 
     def kill(self) -> None:
         if self.proc:

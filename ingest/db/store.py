@@ -14,8 +14,8 @@ import sys
 import time
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from itertools import repeat
+from pathlib import Path
 from typing import Any, Callable
 
 import duckdb
@@ -221,11 +221,10 @@ class LogColumns:
     ts_us: list[int]
     lines: list[str]
     truncated: list[bool]
-    instances: set[str]  # the instances of the rows
 
     @classmethod
     def empty(cls) -> "LogColumns":
-        return cls([], [], [], [], [], [], [], set())
+        return cls([], [], [], [], [], [], [])
 
     def add(self, instance_id: str, source: str, run_id: str, seqs: list[int], ts_us: list[int], lines: list[str],
             truncated: list[bool]) -> None:
@@ -238,10 +237,12 @@ class LogColumns:
         self.ts_us.extend(ts_us)
         self.lines.extend(lines)
         self.truncated.extend(truncated)
-        self.instances.add(instance_id)
 
     def __len__(self) -> int:
         return len(self.lines)
+
+    def instances(self) -> set[str]:
+        return set(self.instance_ids)
 
     def table(self) -> pa.Table:
         """The rows as one table of one chunk a column (LOG_CHUNK_SCHEMA): the token filter reads a commit's lines

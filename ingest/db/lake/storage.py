@@ -345,7 +345,7 @@ def write_batch(
     results: list[Any] = [None] * len(actions)
     in_pg = [(k, a) for k, a in enumerate(actions) if not isinstance(a, LakeAction)]
     in_lake = [(k, a) for k, a in enumerate(actions) if isinstance(a, LakeAction)]
-    logged = logs.instances
+    logged = logs.instances()
     # The instances whose rows this group writes. Not ``instances``: it also carries last_seen touches
     # of instances seen earlier, whose slot may have moved since; fencing those would refuse every
     # later group of this node (the touch stays due until it commits).
