@@ -106,11 +106,11 @@ def bodies(rng: random.Random, seqs: dict, count: int) -> store.LogColumns:
 def reference(directory: Path, rows: store.LogColumns) -> float:
     """CPU seconds per line of DuckDB appending ``rows`` in one INSERT of an Arrow table (one thread)."""
     con = store.open_database(directory / "reference.duckdb", threads=1)
-    table = pa.Table.from_batches(rows.batches, schema=store.LOG_CHUNK_SCHEMA)
-    table = table.append_column("received_at", pa.repeat(pa.scalar(1, store.TS_TYPE), len(rows)))
+    table = rows.table()
+    table = table.add_column(store.LOG_RECEIVED_AT, "received_at", pa.repeat(pa.scalar(1, store.TS_TYPE), len(rows)))
     t0 = time.thread_time()
     con.execute("BEGIN")
-    con.from_arrow(table).project(store.LOG_COLUMNS_SQL).insert_into("logs")
+    con.from_arrow(table).insert_into("logs")
     con.execute("COMMIT")
     cpu = time.thread_time() - t0
     con.close()
@@ -133,7 +133,7 @@ def commits(directory: Path, per_commit: int) -> tuple[float, dict[str, float], 
     touched = time.monotonic()
     for n in range(COMMITS):
         logs = bodies(rng, seqs, per_commit)
-        seen = {b.column(0)[0].as_py() for b in logs.batches}
+        seen = logs.instances()
         # as the writer (_instances_to_touch): new instances at once, last_seen of the others once a second
         if time.monotonic() - touched >= LAST_SEEN_STEP_US / 1e6:
             touch, touched, due = seen | due, time.monotonic(), set()

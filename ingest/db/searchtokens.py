@@ -59,8 +59,13 @@ def fold(data: bytes) -> bytes:
 
 def letter_runs(data: bytes) -> set[bytes]:
     """The distinct letter runs of UTF-8 text, folded (lines concatenated are fine: a run across two
-    lines gives extra trigrams, never a missing one)."""
-    return set(fold(data).split())
+    lines gives extra trigrams, never a missing one). Split and made distinct by Arrow's kernels: a commit's
+    800 lines hold ~17,000 runs but ~570 distinct ones, and only those become Python objects (``bytes.split``
+    into a set: 1.17 -> 0.95 ms per 800 lines, alternating, in-process)."""
+    folded = pa.array([fold(data)], pa.string())  # ASCII letters and spaces only
+    runs = set(pc.unique(pc.ascii_split_whitespace(folded).flatten()).cast(pa.binary()).to_pylist())
+    runs.discard(b"")  # Arrow's split keeps an empty run before leading spaces
+    return runs
 
 
 def trigrams_of(runs: set[bytes]) -> set[int]:

@@ -306,9 +306,7 @@ def write_batch(
                 ],
                 schema=METRIC_SCHEMA,
             )
-            con.register("_metric_batch", table)
-            con.execute("INSERT INTO metrics SELECT * FROM _metric_batch")
-            con.unregister("_metric_batch")
+            con.from_arrow(table.__arrow_c_stream__()).insert_into("metrics")
         if events:
             fresh = _write_events(con, events, received_us)
         results = [action(con) for action in actions]
@@ -498,11 +496,13 @@ def _insert_logs(con: duckdb.DuckDBPyConnection, rows: pa.Table, received_us: in
     each stamped ``received_us`` or, with the token filter, its block's stamp (``stamps``, the rows' in order:
     ingest/db/searchtokens.py BlockWriter.add). Appended through DuckDB's relation API: registering the table
     as a view (and dropping it) for an ``INSERT ... SELECT`` cost ~0.5 ms of an 8-body commit's ~7 (7%,
-    alternating A/B). Their figures are log_stream_lines' at once (log_stream_tail, 024); ``stream_parts``
+    alternating A/B). The table goes in as a bare Arrow stream (its PyCapsule), which DuckDB reads without
+    building a pyarrow dataset and scanner around it: an 800-row insert 1.05 -> 0.75 ms of CPU, 100 rows
+    0.79 -> 0.52 (alternating, in-process). Their figures are log_stream_lines' at once (log_stream_tail, 024); ``stream_parts``
     (the writer's, file mode) moves the mark when due."""
     received = stamps if stamps is not None else pa.repeat(pa.scalar(received_us, TS_TYPE), rows.num_rows)
     table = rows.add_column(LOG_RECEIVED_AT, "received_at", received)
-    con.from_arrow(table).insert_into("logs")
+    con.from_arrow(table.__arrow_c_stream__()).insert_into("logs")
     if stream_parts is not None:
         stream_parts.add(con, received_us, rows.num_rows, table)
 
