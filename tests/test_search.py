@@ -137,11 +137,11 @@ async def test_instances_answer_while_slow_searches_hold_their_threads(fleet, mo
     release, entered, lock = threading.Event(), [0], threading.Lock()
     real = search_module.search
 
-    def slow_search(con, timeout_s, query):
+    def slow_search(con, timeout_s, query, **how):
         with lock:
             entered[0] += 1
         release.wait(60)
-        return real(con, timeout_s, query)
+        return real(con, timeout_s, query, **how)
 
     monkeypatch.setattr(search_module, "search", slow_search)
     searches = [fleet.get("/api/v1/search", params={"q": "absent text"}, headers=fleet.read) for _ in range(12)]

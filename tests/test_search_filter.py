@@ -115,7 +115,7 @@ def test_rare_phrase_search_scans_the_rows_of_its_blocks_not_their_time_span(tmp
     assert total == commits * per_commit
     profiled = Profiled(db, tmp_path / "profile.json")
     hits, _, plan = search.search(profiled, 30.0, search.SearchQuery(text="out of memory", regex=False, since_us=T0 - 10**9,
-                                                                    until_us=T0 + 10**9))
+                                                                    until_us=T0 + 10**9), open_block=blocks.open_block)
     assert [h["line"] for h in hits] == ["ERROR CUDA error: out of memory"] and plan.blocks_admitted == 1
     # The admitted block's <= 8,192 rows lie in at most two of DuckDB's row groups (122,880 rows each).
     assert 0 < profiled.rows_scanned <= 2 * 122_880 < total, (profiled.rows_scanned, total)
@@ -238,7 +238,8 @@ def test_a_rare_phrase_in_many_parts_is_read_in_a_few_statements_newest_first(db
     for limit in (1000, 5):
         counted.statements = 0
         hits, truncated, plan = search.search(counted, 30.0, search.SearchQuery(
-            text="out of memory", regex=False, since_us=T0 - 10**9, until_us=T0 + 10**11, limit=limit))
+            text="out of memory", regex=False, since_us=T0 - 10**9, until_us=T0 + 10**11, limit=limit),
+            open_block=blocks.open_block)  # as the server's: the writer's open block, no statement
         assert [h["line"] for h in hits] == [f"ERROR out of memory {c}" for c in range(parts - 1, -1, -1)][:limit]
         assert truncated == (limit < parts) and plan.blocks_admitted == parts
         if parts <= search.ONE_STATEMENT_BLOCKS:
@@ -251,28 +252,30 @@ def test_a_rare_phrase_in_many_parts_is_read_in_a_few_statements_newest_first(db
 
 def test_a_block_written_over_many_commits_holds_the_trigrams_of_all_its_lines(db):
     """The writer cuts only the letter runs a block has not seen into trigrams; the block's bits are still
-    every trigram of its lines, whichever commit brought them. A rolled-back commit's are not kept: the block
-    it extended in place is forgotten and the next commit begins a new one, as after a restart."""
-    blocks = tokens.BlockWriter(block_lines=10_000)
-    lines = [f"INFO step {i} Kelvin\u212a {'alpha beta' if i % 2 else 'gamma'} wörd{i % 7} ZETA" for i in range(60)]
+    every trigram of its lines, whichever commit brought them, and its row, written when it closes, says so.
+    A rolled-back commit's lines are not counted (its trigrams may stay: extra bits are allowed)."""
+    blocks = tokens.BlockWriter(block_lines=61)
+    lines = [f"INFO step {i} Kelvin\u212a {'alpha beta' if i % 2 else 'gamma'} w\u00f6rd{i % 7} ZETA" for i in range(60)]
     for c in range(6):
         commit(db, blocks, [("C.%d" % (c % 2), i, T0 + i, lines[i]) for i in range(c * 10, c * 10 + 10)], received_us=T0 + c)
     logs = store.LogColumns.empty()
-    logs.add("C.9", "s", "0", [0], [T0], ["rolled back xylophone"], [False])
+    logs.add("C.9", "s", "0", [0, 1], [T0, T0], ["rolled back xylophone", "and one more"], [False, False])
     db.execute("BEGIN")
     blocks.add(db, logs.table(), T0 + 99)
     db.execute("ROLLBACK")
     blocks.rolled_back()
-    commit(db, blocks, [("C.1", 100, T0 + 100, "last xylophone")], received_us=T0 + 7)
+    commit(db, blocks, [("C.1", 100, T0 + 100, "last quokka"), ("C.1", 101, T0 + 101, "first of the next")], received_us=T0 + 7)
     rows = db.execute("SELECT block, lines, bits::VARCHAR, epoch_us(min_received_at), epoch_us(max_received_at) "
                       "FROM log_blocks ORDER BY block").fetchall()
-    assert [(b, n, lo, hi) for b, n, _bits, lo, hi in rows] == [(1, 60, T0, T0 + 5), (2, 1, T0 + 7, T0 + 7)]
+    assert [(b, n, lo, hi) for b, n, _bits, lo, hi in rows] == [(1, 61, T0, T0 + 7)]
     stored = {i for i, b in enumerate(rows[0][2]) if b == "1"}
-    every_line = set().union(*(tokens.trigrams(line.encode()) for line in lines))
-    assert every_line <= stored <= tokens.trigrams("".join(lines).encode())  # lines joined: extra bits only
+    every_line = set().union(*(tokens.trigrams(line.encode()) for line in [*lines, "last quokka"]))
+    assert every_line <= stored <= tokens.trigrams(("".join(lines) + "rolled back xylophone last quokka").encode())
     assert tokens.trigrams("kelvin".encode()) <= stored and tokens.trigrams(b"zeta") <= stored
-    assert tokens.trigrams(b"xylophone") - stored  # the rolled-back line's words are not in the block
-    assert tokens.trigrams(b"last xylophone") <= {i for i, b in enumerate(rows[1][2]) if b == "1"}  # the new block's
+    assert tokens.trigrams(b"next") - stored  # the line after the block closed is the next block's
+    opened = blocks.open_block()
+    assert (opened.block, opened.lines, opened.min_received_us, opened.max_received_us) == (2, 1, T0 + 8, T0 + 8)
+    assert tokens.trigrams(b"first of the next") <= opened.grams
 
 
 def test_a_block_of_unrepeated_words_keeps_a_bounded_cache_and_every_trigram(db):
@@ -286,12 +289,10 @@ def test_a_block_of_unrepeated_words_keeps_a_bounded_cache_and_every_trigram(db)
     blocks = tokens.BlockWriter(block_lines=10_000)
     for c in range(0, 300, 50):
         commit(db, blocks, [("C.1", i, T0 + i, lines[i]) for i in range(c, c + 50)], received_us=T0 + c)
-    runs = blocks._open.runs
+    runs = blocks.open_block().runs  # the block is open: its bits are the writer's until it closes
     assert len(tokens.letter_runs("".join(lines).encode())) > 10_000  # far more distinct runs than the cache keeps
     assert len(runs) <= min(tokens.RUN_CACHE_MAX + 2_000, 10_000) and all(len(r) <= tokens.RUN_CACHE_MAX_BYTES for r in runs)
-    (bits,) = db.execute("SELECT bits::VARCHAR FROM log_blocks").fetchone()
-    stored = {i for i, b in enumerate(bits) if b == "1"}
-    assert set().union(*(tokens.trigrams(line.encode()) for line in lines)) <= stored
+    assert set().union(*(tokens.trigrams(line.encode()) for line in lines)) <= blocks.open_block().grams
 
 
 def test_a_part_without_received_ranges_keeps_its_ts_bounds_in_the_scan():
@@ -340,10 +341,13 @@ def test_a_block_cut_from_large_commits_reads_only_its_own_rows(db):
         rows = [("C.%d" % (i % 7), seq + i, T0 + i, f"INFO partition {i} of proof {c}") for i in range(350)]
         seq += 350
         commit(db, blocks, rows, received_us=T0 + c * 1000)
-    spans = db.execute("SELECT block, lines, min_received_at, max_received_at FROM log_blocks ORDER BY block").fetchall()
+    spans = db.execute("SELECT block, lines, epoch_us(min_received_at), epoch_us(max_received_at) FROM log_blocks "
+                       "ORDER BY block").fetchall()
+    opened = blocks.open_block()  # its row is written when it closes (here the 42nd block closed with the last commit)
+    assert opened is None and len(spans) == 42
     assert sum(lines for _, lines, _, _ in spans) == 12 * 350
     for block, lines, lo, hi in spans:
-        (inside,) = db.execute("SELECT count(*) FROM logs WHERE received_at BETWEEN ? AND ?", [lo, hi]).fetchone()
+        (inside,) = db.execute("SELECT count(*) FROM logs WHERE epoch_us(received_at) BETWEEN ? AND ?", [lo, hi]).fetchone()
         assert inside == lines, (block, lines, inside)
     # the stamps of a commit stay within it: the next commit's are later, and a tail's window still holds them
     (newest,) = db.execute("SELECT epoch_us(max(received_at)) FROM logs").fetchone()

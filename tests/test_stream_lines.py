@@ -236,10 +236,11 @@ def test_a_commit_stamped_before_the_mark_is_counted_once(tmp_path):
         con.close()
 
 
-def test_a_commit_whose_blocks_straddle_the_mark_is_counted_once(tmp_path):
-    """Each block's slice of a commit is stamped apart (received_us, +1, +2 ...: searchtokens.BlockWriter), so a
-    commit stamped just before the mark (the clock stepped back) can hold rows at or before it and rows after
-    it: the former go into the parts at once, the latter stay the tail's, and each line is counted once."""
+def test_a_commit_stamped_before_the_mark_is_counted_once(tmp_path):
+    """Each block's slice of a commit is stamped apart (received_us, +1, +2 ...: searchtokens.BlockWriter). A
+    commit whose clock stepped back behind the mark is stamped after the newest stored row instead (the stamps
+    never step back: BlockWriter.stamp), so none of its rows lies at or before the mark, and each line is
+    counted once."""
     from ingest.contract.codec import MetricRows
     from ingest.db import searchtokens as tokens
     con = store.open_database(tmp_path / "f.duckdb")
@@ -256,9 +257,9 @@ def test_a_commit_whose_blocks_straddle_the_mark_is_counted_once(tmp_path):
     try:
         commit([("C.1", [0, 1, 2, 3])], 1_800_000_000_000_100)  # two blocks: stamps ..100, ..101; moves the mark
         assert parts.mark_us == 1_800_000_000_000_101
-        commit([("C.1", [4, 5, 6]), ("C.2", [0, 1, 2])], 1_800_000_000_000_100)  # stamps ..100 to ..102: straddles
+        commit([("C.1", [4, 5, 6]), ("C.2", [0, 1, 2])], 1_800_000_000_000_100)  # the clock behind: ..102 to ..104
         stamps = con.execute("SELECT epoch_us(received_at), count(*) FROM logs GROUP BY 1 ORDER BY 1").fetchall()
-        assert stamps[-1] == (1_800_000_000_000_102, 2), stamps
+        assert stamps == [(1_800_000_000_000_100 + i, 2) for i in range(5)], stamps
         assert con.execute(KEPT).fetchall() == con.execute(AGGREGATE).fetchall()
         commit([("C.2", [3, 4, 5, 6])], 1_800_000_000_000_200)  # ahead again, due: the mark moves past them
         assert con.execute(KEPT).fetchall() == con.execute(AGGREGATE).fetchall()

@@ -65,6 +65,7 @@ class Database:
         index.load(cursor)
         cursor.close()
         self.tail = tail = TailCache(settings.tail_cache_lines, settings.tail_cache_max_streams, settings.tail_cache_bytes)
+        blocks = None if settings.lake else tokens.BlockWriter()  # the search's token filter (the lake keeps none)
         self.writer = Writer(
             self.con, index, tail, metrics,
             batch_max_rows=settings.batch_max_rows,
@@ -75,7 +76,7 @@ class Database:
             db_path=None if settings.lake else settings.db,
             write_batch=_lake_write_batch(self.slots) if self.slots else None,
             max_streams_per_instance=settings.max_streams_per_instance,
-            blocks=None if settings.lake else tokens.BlockWriter(),
+            blocks=blocks,
             stream_parts=None if settings.lake else store.StreamParts(),
         )
         self.reader = Reader(
@@ -84,7 +85,7 @@ class Database:
             query_max_concurrent=settings.query_max_concurrent,
             search_max_concurrent=settings.search_max_concurrent,
             retry_after_s=settings.retry_after_s,
-            token_filter=not settings.lake,
+            open_block=blocks.open_block if blocks is not None else None,
         )
 
     def _slots(self, settings: Settings) -> Slots:

@@ -72,9 +72,9 @@ class Reader:
         query_max_concurrent: int,
         search_max_concurrent: int,
         retry_after_s: int,
-        token_filter: bool = True,  # log_blocks is kept (file mode); the lake keeps none
+        open_block: Callable[[], Any] | None = None,  # the writer's BlockWriter.open_block: the token filter (file mode)
     ) -> None:
-        self.token_filter = token_filter
+        self.open_block = open_block
         # DuckDB refuses ``con.cursor()`` while ``con`` is executing, so cursors come from an idle one
         self._root: duckdb.DuckDBPyConnection | None = con.cursor()
         self.index = index
@@ -205,7 +205,7 @@ class Reader:
         """Fleet-wide search (``search.search``) on the search threads: hits, truncated, plan."""
         self._search.admit()
         try:
-            run = search.search if self.token_filter else functools.partial(search.search, use_filter=False)
+            run = functools.partial(search.search, use_filter=self.open_block is not None, open_block=self.open_block)
             return await self._run("search", lambda con, timeout_s: run(con, timeout_s, query), pool=self._search.pool)
         finally:
             self._search.leave()

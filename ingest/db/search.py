@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import duckdb
 
@@ -173,14 +173,16 @@ def _chunks(since_us: int, until_us: int) -> list[tuple[int, int]]:
     return out
 
 
-def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True
-           ) -> tuple[list[dict[str, Any]], bool, tokens.Plan]:
+def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True,
+           open_block: Callable[[], Any] | None = None) -> tuple[list[dict[str, Any]], bool, tokens.Plan]:
     """Hits as dicts (``ts`` in epoch microseconds), newest first, whether more matched than ``limit``,
     and the plan (how the token filter was used).
 
     The window is searched newest part first, and the search stops once ``limit`` lines are found:
     a common word costs a scan of its newest block (or the last hour without the filter), not of the
     whole day. ``use_filter`` False (the lake mode, which keeps no blocks) scans the window.
+    ``open_block``: the writer's ``BlockWriter.open_block`` (the block it fills, whose row is not written
+    yet); without it the rows after the newest stored block are read to stand for it (one more statement).
     """
     if not query.text or len(query.text) > MAX_PATTERN_CHARS:
         raise QueryError(f"q: expected 1 to {MAX_PATTERN_CHARS} characters")
@@ -207,7 +209,9 @@ def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True
             plan = tokens.Plan("no trigram in q")
         else:
             plan = tokens.Plan("trigrams")
-        ranges = ([window for part in tokens.admitted_ranges(cur, grams, query.since_us, query.until_us, plan)
+        if plan.filter == "trigrams":  # the open block first: one it closes meanwhile is in log_blocks then
+            view = open_block() if open_block is not None else tokens.uncovered(cur)
+        ranges = ([window for part in tokens.admitted_ranges(cur, grams, query.since_us, query.until_us, plan, view)
                    for window in tokens.newest_first(part)] if plan.filter == "trigrams"
                   else [tokens.Range(lower, upper) for lower, upper in _chunks(query.since_us, query.until_us)])
         few = plan.filter == "trigrams" and plan.blocks_admitted <= ONE_STATEMENT_BLOCKS

@@ -1,9 +1,12 @@
 """The token filter: which blocks of log lines may hold a text (table ``log_blocks``, migration 014).
 
 Invariants:
-- Every log row the writer commits is counted in exactly one block, in the same transaction as the row
-  (``BlockWriter.add`` runs inside ``store.write_batch``). A block is a run of consecutive rows in
-  commit order, at most ``BLOCK_LINES`` long, with the ``[min_ts, max_ts]`` of its rows, the
+- Every log row the writer commits is counted in exactly one block: a stored one (``log_blocks``, its row
+  written by the commit that fills it, in the same transaction) or the open block, which the writer keeps
+  in memory (``BlockWriter.open_block``: searches read it before log_blocks) and which holds exactly the
+  rows stamped after the newest stored block (commit stamps never step back: ``BlockWriter.stamp``), so a
+  writer that dies leaves it to be rebuilt from those rows (``uncovered``). A block is a run of consecutive
+  rows in commit order, at most ``BLOCK_LINES`` long, with the ``[min_ts, max_ts]`` of its rows, the
   ``[min_received_at, max_received_at]`` of its rows (migration 020: the commit stamps, which follow
   commit order, so DuckDB's zone maps on ``received_at`` find the block's rows where its ts range, wide
   when streams interleave or clocks differ, cannot; a commit's rows are stamped its ``received_us`` plus
@@ -22,8 +25,9 @@ Invariants:
 - Digits are separators: numbers and hex ids do not prune (in a block of 2,048 lines every digit and
   hex trigram is present anyway); words do. A query with no trigram (``q``'s letter runs all shorter
   than 3) and a regular expression cannot use the filter: they scan the window, and say so.
-- Lines written around the writer (straight into ``logs``) are in no block and a filtered search
-  misses them: ``cover_unindexed`` adds a catch-all block for them. The lake mode keeps no blocks.
+- Lines written around the writer (straight into ``logs``) before the newest stored block are in no block
+  and a filtered search misses them: ``cover_unindexed`` adds a catch-all block for them (those after it
+  are taken for the open block's). The lake mode keeps no blocks.
 """
 
 from __future__ import annotations
@@ -100,41 +104,131 @@ class _Block:
     runs: set[bytes] = field(default_factory=set)  # the letter runs whose trigrams are in grams already
     min_received_us: int | None = None
     max_received_us: int | None = None
-    stored: bool = False  # its row exists: the commit updates it rather than inserting it
+
+    def extend(self, data: bytes | None, lo_us: int, hi_us: int, n: int, stamp: int) -> None:
+        """Count ``n`` more lines (``data``: their bytes, ts from ``lo_us`` to ``hi_us``, stamped ``stamp``), in
+        place: a reader holding the block sees it only grow. A block's lines repeat their words: only runs it has not
+        seen are cut into trigrams (the block writer's CPU in a real server at 8 connections: 5.4 -> 4.2 ms a commit)."""
+        if data:
+            fresh = letter_runs(data) - self.runs
+            self.grams |= trigrams_of(fresh)
+            if len(self.runs) < RUN_CACHE_MAX:
+                self.runs.update(r for r in fresh if len(r) <= RUN_CACHE_MAX_BYTES)
+        self.min_us = lo_us if self.lines == 0 else min(self.min_us, lo_us)
+        self.max_us = hi_us if self.lines == 0 else max(self.max_us, hi_us)
+        self.min_received_us = stamp if self.min_received_us is None else min(self.min_received_us, stamp)
+        self.max_received_us = stamp if self.max_received_us is None else max(self.max_received_us, stamp)
+        self.lines += n
+
+    def scalars(self) -> tuple:
+        return self.lines, self.min_us, self.max_us, self.min_received_us, self.max_received_us
+
+    def restore(self, scalars: tuple) -> None:
+        """Back to ``scalars()`` as they were (a rolled-back commit): its trigrams stay, extra bits being allowed."""
+        self.lines, self.min_us, self.max_us, self.min_received_us, self.max_received_us = scalars
+
+
+def _insert(con: duckdb.DuckDBPyConnection, b: _Block, bits: str | None = None) -> None:
+    con.execute("INSERT INTO log_blocks (block, min_ts, max_ts, lines, bits, min_received_at, max_received_at) "
+                "VALUES ($b, make_timestamp($lo), make_timestamp($hi), $n, $bits::BIT, make_timestamp($rlo), "
+                "make_timestamp($rhi))",
+                {"b": b.block, "n": b.lines, "lo": b.min_us, "hi": b.max_us, "bits": bits or bitstring(b.grams),
+                 "rlo": b.min_received_us, "rhi": b.max_received_us})
+
+
+UNCOVERED_MAX_LINES = 4 * BLOCK_LINES  # more rows after the newest block than this: a catch-all block, not their trigrams
+
+
+def uncovered(con: duckdb.DuckDBPyConnection) -> _Block | None:
+    """The rows stamped after the newest stored block, as the block that holds them (numbered after the last):
+    the open block of a writer that died, or of one whose view the caller does not have; every row when
+    log_blocks is empty. None when there are none, or when the stored blocks have no received_at range (before
+    migration 020, when every row was in a stored block). More than UNCOVERED_MAX_LINES rows (written around
+    the writer) make a catch-all block (every bit) rather than be read."""
+    ((top, newest, stored),) = con.execute(
+        "SELECT coalesce(max(block), 0), epoch_us(max(max_received_at)), count(*) FROM log_blocks").fetchall()
+    if newest is None and stored:
+        return None
+    after = "" if newest is None else f"WHERE received_at > make_timestamp({int(newest)})"
+    ((n, lo, hi, rlo, rhi),) = con.execute(
+        f"SELECT count(*), epoch_us(min(ts)), epoch_us(max(ts)), epoch_us(min(received_at)), epoch_us(max(received_at)) "
+        f"FROM logs {after}").fetchall()
+    if not n:
+        return None
+    block = _Block(top + 1, n, lo, hi, min_received_us=rlo, max_received_us=rhi)
+    if n > UNCOVERED_MAX_LINES:
+        block.grams = set(range(NBITS))
+        return block
+    text = "\n".join(line for (line,) in con.execute(f"SELECT line FROM logs {after}").fetchall()).encode()
+    runs = letter_runs(text)
+    block.runs = {r for r in runs if len(r) <= RUN_CACHE_MAX_BYTES}
+    block.grams = trigrams_of(runs)
+    return block
 
 
 class BlockWriter:
-    """The writer's side: the open block, extended by each commit (on the writer thread only).
+    """The writer's side (on the writer thread only): the open block, extended in place by each commit, kept in
+    memory; its row is written once, by the commit that closes it (``add``). Readers ask ``open_block`` beside
+    log_blocks. Commit stamps never step back (``stamp``): the rows after the newest stored block are the open
+    block's, which is how ``load`` finds them again after the writer died.
 
-    ``add`` writes the blocks a commit touches inside its transaction and keeps them pending;
-    ``committed`` makes them the state, ``rolled_back`` forgets them (the retry recomputes them)."""
+    ``add`` writes the blocks a commit closes inside its transaction and keeps the rest pending; ``committed``
+    makes them the state, ``rolled_back`` puts the open block back as it was."""
 
     def __init__(self, block_lines: int = BLOCK_LINES) -> None:
         self.block_lines = block_lines
         self._open: _Block | None = None
-        self._next_id: int | None = None
-        self._pending: tuple[_Block | None, int, int] | None = None
+        self._next_id: int | None = None  # None: not loaded yet
+        self._floor = 0  # the next stamp is at least this: one past the newest stored
+        self._pending: tuple[_Block | None, int, int, int] | None = None
+        self._undo: tuple | None = None  # the open block's scalars before the commit in flight
+        self._marker_due = False
         self.spread = 0  # the last commit's stamps ran from its received_us to received_us + spread
 
-    def _load(self, con: duckdb.DuckDBPyConnection) -> None:
-        (top,) = con.execute("SELECT coalesce(max(block), 0) FROM log_blocks").fetchone()
-        self._next_id = top + 1  # after a restart a new block begins: the last one may stay short
+    def open_block(self) -> _Block | None:
+        """The block being filled, or None: read it before log_blocks (a block closed meanwhile is then in the
+        table) and only read it; it grows in place, so what a reader sees holds at least what was committed."""
+        return self._open
+
+    def stamp(self, received_us: int, con: duckdb.DuckDBPyConnection | None = None) -> int:
+        """A commit's stamp: ``received_us``, or one past the newest stamp stored when the clock stepped back
+        (``con``: where to read it, the first time)."""
+        if self._next_id is None and con is not None:
+            self.load(con)
+        return max(received_us, self._floor)
+
+    def load(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Where the last writer stopped: the block it left open (its rows rebuilt: ``uncovered``), the next id,
+        the newest stamp. A database whose blocks have no received_at range (before migration 020) gets a block
+        of no lines at its newest stamp, so the rows after it are found the same way."""
+        ((top, stored, ranged, newest),) = con.execute(
+            "SELECT coalesce(max(block), 0), count(*), count(max_received_at), (SELECT epoch_us(max(received_at)) FROM logs) "
+            "FROM log_blocks").fetchall()
+        self._open = uncovered(con)
+        self._next_id = top + 1 + (self._open is not None)
+        self._floor = (newest + 1) if newest is not None else 0
+        self._marker_due = bool(self._open is None and newest is not None and stored and not ranged)
 
     def add(self, con: duckdb.DuckDBPyConnection, rows: pa.Table, received_us: int) -> pa.Array:
         """The blocks of a commit's rows (``store.LogColumns.table()``: one chunk a column), and the rows'
-        ``received_at`` in order: ``received_us`` plus the index of the row's block among the blocks the commit
-        touches (0 for the open block it continues). A block's slice of a commit is stamped apart from the
-        commit's other blocks, so the block's received_at range holds its own rows and no other's: a commit of
-        64 connections (~6,400 rows) no longer makes each of its blocks read all of it. The commit's stamps end
-        at ``received_us + spread`` (``spread`` once it is committed).
+        ``received_at`` in order: the commit's stamp (``stamp(received_us)``) plus the index of the row's block
+        among the blocks it touches (0 for the open block it continues). A block's slice of a commit is stamped
+        apart from the commit's other blocks, so the block's received_at range holds its own rows and no other's.
+        The commit's stamps end at ``stamp + spread`` (``spread`` once it is committed).
 
-        The rows are read block by block (one slice of the line bytes, one min/max of ts each), not body by
-        body. The open block is extended in place: a rollback forgets it (``rolled_back``) and the next commit
-        begins a new block, as after a restart, instead of each commit copying the block's trigrams and runs."""
+        The rows are read block by block (one slice of the line bytes, one min/max of ts each). Only the blocks
+        the commit fills are written: the open block is extended in place, and a rollback puts it back."""
         if self._next_id is None:
-            self._load(con)
+            self.load(con)
+        if self._marker_due:
+            _insert(con, _Block(self._next_id, 0, self._floor - 1, self._floor - 1, min_received_us=self._floor - 1,
+                                max_received_us=self._floor - 1), "0" * NBITS)
+        received_us = self.stamp(received_us)
         block = self._open
-        next_id = self._next_id
+        self._undo = block.scalars() if block is not None else None
+        if block is not None and block.lines >= self.block_lines:  # rebuilt full by ``load``: stored now
+            _insert(con, block)
+        next_id = self._next_id + self._marker_due
         touched: list[_Block] = []
         rows_of: list[int] = []  # rows stamped received_us + i, for each touched block i
         lines, ts = rows.column("line").combine_chunks(), rows.column("ts").combine_chunks()
@@ -146,56 +240,38 @@ class BlockWriter:
                 block = _Block(next_id, 0, 0, 0)
                 next_id += 1
             touched.append(block)
-            rows_of.append(0)
-            stamp = received_us + len(touched) - 1
             n = min(self.block_lines - block.lines, total - start)
-            if at is not None:  # the bytes of rows [start, start + n), through the int32 offsets
-                lo, hi = at[lines.offset + start], at[lines.offset + start + n]
-                # a block's lines repeat their words: only runs it has not seen are cut into trigrams
-                # (the block writer's CPU in a real server at 8 connections: 5.4 -> 4.2 ms a commit)
-                fresh = letter_runs(data.slice(lo, hi - lo).to_pybytes()) - block.runs
-                block.grams |= trigrams_of(fresh)
-                if len(block.runs) < RUN_CACHE_MAX:
-                    block.runs.update(r for r in fresh if len(r) <= RUN_CACHE_MAX_BYTES)
+            # the bytes of rows [start, start + n), through the int32 offsets
+            text = data.slice(at[lines.offset + start], at[lines.offset + start + n] - at[lines.offset + start]).to_pybytes() \
+                if at is not None else None
             bounds = pc.min_max(ts.slice(start, n))
-            lo_us, hi_us = bounds["min"].value, bounds["max"].value
-            block.min_us = lo_us if block.lines == 0 else min(block.min_us, lo_us)
-            block.max_us = hi_us if block.lines == 0 else max(block.max_us, hi_us)
-            block.lines += n
-            if block.min_received_us is None:
-                block.min_received_us = block.max_received_us = stamp
-            block.min_received_us = min(block.min_received_us, stamp)
-            block.max_received_us = max(block.max_received_us, stamp)
-            rows_of[-1] += n
+            block.extend(text, bounds["min"].value, bounds["max"].value, n, received_us + len(touched) - 1)
+            rows_of.append(n)
+            if block.lines >= self.block_lines:
+                _insert(con, block)  # closed: its row, once
             start += n
-        for b in touched:
-            params = {"b": b.block, "n": b.lines, "lo": b.min_us, "hi": b.max_us, "bits": bitstring(b.grams),
-                      "rlo": b.min_received_us, "rhi": b.max_received_us}
-            if b.stored:
-                con.execute("UPDATE log_blocks SET lines = $n, min_ts = make_timestamp($lo), max_ts = make_timestamp($hi), "
-                            "bits = $bits::BIT, min_received_at = make_timestamp($rlo), max_received_at = make_timestamp($rhi) "
-                            "WHERE block = $b", params)
-            else:
-                con.execute("INSERT INTO log_blocks (block, min_ts, max_ts, lines, bits, min_received_at, max_received_at) "
-                            "VALUES ($b, make_timestamp($lo), make_timestamp($hi), $n, $bits::BIT, make_timestamp($rlo), "
-                            "make_timestamp($rhi))", params)
-        self._pending = (block, next_id, max(len(touched) - 1, 0))
+        spread = max(len(touched) - 1, 0)
+        self._pending = (block, next_id, spread, received_us + spread + 1 if touched else received_us)
         return pa.concat_arrays([pa.repeat(pa.scalar(received_us + i, STAMP_TYPE), n) for i, n in enumerate(rows_of)]
                                 or [pa.array([], STAMP_TYPE)])
 
     def committed(self) -> None:
         self.spread = 0
         if self._pending is not None:
-            self._open, self._next_id, self.spread = self._pending
-            if self._open is not None:
-                self._open.stored = True
+            self._open, self._next_id, self.spread, self._floor = self._pending
+            if self._open is not None and self._open.lines >= self.block_lines:
+                self._open = None  # stored: the next commit begins a new block
             self._pending = None
+            self._marker_due = False
+        self._undo = None
 
     def rolled_back(self) -> None:
-        """The open block was changed in place by the commit that failed: forgotten, with the ids (read again)."""
+        """The commit that failed extended the open block in place: its counts and ranges go back (its trigrams
+        stay: extra bits only make a search read more); the blocks it began are forgotten."""
+        if self._open is not None and self._undo is not None:
+            self._open.restore(self._undo)
         self._pending = None
-        self._open = None
-        self._next_id = None
+        self._undo = None
 
 
 def cover_unindexed(con: duckdb.DuckDBPyConnection) -> None:
@@ -263,15 +339,21 @@ def _stamp_ranges(blocks: list[tuple[int, int | None, int | None]]) -> tuple[tup
 
 
 def admitted_ranges(cur: duckdb.DuckDBPyConnection, grams: set[int], since_us: int, until_us: int,
-                    plan: Plan) -> list[Range]:
+                    plan: Plan, open_block: _Block | None = None) -> list[Range]:
     """The parts of the window that blocks holding every trigram cover, newest first, merged so that
-    none overlaps another (a row is scanned once), each with the received_at ranges of its blocks."""
+    none overlaps another (a row is scanned once), each with the received_at ranges of its blocks.
+    ``open_block``: the writer's (``BlockWriter.open_block``, taken before this reads log_blocks), or the rows
+    after the newest stored block (``uncovered``); a block of that number in log_blocks was closed meanwhile."""
     test = " AND ".join(f"get_bit(bits, {g}) = 1" for g in sorted(grams))
     rows = cur.execute(
         f"SELECT block, epoch_us(min_ts), epoch_us(max_ts), epoch_us(min_received_at), epoch_us(max_received_at), {test} "
         "FROM log_blocks WHERE max_ts >= make_timestamp($since) AND min_ts < make_timestamp($until)",
         {"since": since_us, "until": until_us},
     ).fetchall()
+    if open_block is not None:
+        block, lo, hi, rlo, rhi, n = open_block.block, *open_block.scalars()[1:], open_block.lines
+        if n and hi >= since_us and lo < until_us and all(row[0] != block for row in rows):
+            rows.append((block, lo, hi, rlo, rhi, all(g in open_block.grams for g in grams)))
     plan.blocks = len(rows)
     spans = sorted((max(lo, since_us), min(hi + 1, until_us), (block, rlo, rhi))
                    for block, lo, hi, rlo, rhi, may in rows if may)

@@ -288,6 +288,8 @@ def write_batch(
     # without error on a full disk and the rows were gone after the reopen (tests/test_disk_full.py).
     try:
         con.execute("BEGIN")
+        if blocks is not None:  # never before the newest stored stamp (the writer's is already: callers' may not be)
+            received_us = blocks.stamp(received_us, con)
         _upsert_instances(con, instances, received_us)
         if len(logs):
             rows = logs.table()

@@ -244,6 +244,11 @@ class Writer:
     # -- writer thread -------------------------------------------------------------------------
     def _run(self) -> None:
         store.warm_up()  # on this thread, before the first push waits on it
+        if self._blocks is not None:
+            try:  # where the last writer left the token filter: its open block, the newest stamp
+                self._blocks.load(self._con)
+            except duckdb.Error:
+                logger.exception("the token filter's state could not be read; the first commit reads it")
         stopping = False
         held = None  # a request that must commit alone, taken while gathering the previous batch
         while not stopping:
@@ -311,7 +316,7 @@ class Writer:
         for r, error in staged.refused.items():
             _resolve(batch[r], error=error)
         started = time.perf_counter()
-        received_us = now_us()
+        received_us = now_us() if self._blocks is None else self._blocks.stamp(now_us())  # never before the last
         instances = self._instances_to_touch(staged.instances, received_us)
         try:
             if self._write_batch is not None:
