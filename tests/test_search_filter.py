@@ -92,6 +92,9 @@ class Profiled:
     def fetchone(self):
         return self.con.fetchone()
 
+    def to_arrow_table(self):
+        return self.con.to_arrow_table()
+
     def interrupt(self):
         self.con.interrupt()
 
@@ -217,6 +220,9 @@ class Counted:
 
     def fetchall(self):
         return self.con.fetchall()
+
+    def to_arrow_table(self):
+        return self.con.to_arrow_table()
 
     def interrupt(self):
         self.con.interrupt()

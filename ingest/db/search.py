@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import duckdb
 
@@ -73,24 +73,25 @@ def _statement(filters: str, parts: list[tokens.Range]) -> tuple[str, dict[str, 
     return SEARCH_SQL.format(branches="\nUNION ALL\n".join(branches)), params
 
 
-def _batches(ranges: list[tokens.Range], grow: bool, first: int = 1) -> list[list[tokens.Range]]:
+def _batches(ranges: Iterable[tokens.Range], grow: bool, first: int = 1) -> Iterator[list[tokens.Range]]:
     """The parts in statements, newest first: one part each, or (``grow``) ``first``, then twice as many ...
     parts a statement, at most MAX_BRANCHES branches: a statement costs ~1 ms to plan, the admitted blocks of a
-    rare phrase a fraction of that to scan, and a common word still stops at its newest part."""
-    out: list[list[tokens.Range]] = []
-    size, at = first, 0
-    while at < len(ranges):
+    rare phrase a fraction of that to scan, and a common word still stops at its newest part. Lazy: the parts
+    a search does not reach are never made."""
+    parts = iter(ranges)
+    pending = next(parts, None)
+    size = first
+    while pending is not None:
         batch, branches = [], 0
-        while at < len(ranges) and len(batch) < size:
-            n = len(ranges[at].stamps or (None,))
+        while pending is not None and len(batch) < size:
+            n = len(pending.stamps or (None,))
             if batch and branches + n > MAX_BRANCHES:
                 break
-            batch.append(ranges[at])
+            batch.append(pending)
             branches += n
-            at += 1
-        out.append(batch)
+            pending = next(parts, None)
+        yield batch
         size = size * 2 if grow else 1
-    return out
 
 
 @dataclass(frozen=True)
@@ -211,10 +212,12 @@ def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True,
             plan = tokens.Plan("trigrams")
         if plan.filter == "trigrams":  # the open block first: one it closes meanwhile is in log_blocks then
             view = open_block() if open_block is not None else tokens.uncovered(cur)
-        ranges = ([window for part in tokens.admitted_ranges(cur, grams, query.since_us, query.until_us, plan, view)
-                   for window in tokens.newest_first(part)] if plan.filter == "trigrams"
+        ranges = ((window for part in tokens.admitted_ranges(cur, grams, query.since_us, query.until_us, plan, view)
+                   for window in tokens.newest_first(part)) if plan.filter == "trigrams"
                   else [tokens.Range(lower, upper) for lower, upper in _chunks(query.since_us, query.until_us)])
         few = plan.filter == "trigrams" and plan.blocks_admitted <= ONE_STATEMENT_BLOCKS
+        if few:
+            ranges = list(ranges)
         for batch in _batches(ranges, grow=plan.filter == "trigrams", first=len(ranges) if few else 1):
             plan.ranges_scanned += len(batch)
             want = query.limit + 1 - len(rows)

@@ -32,7 +32,9 @@ Invariants:
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import duckdb
 import pyarrow as pa
@@ -339,34 +341,59 @@ def _stamp_ranges(blocks: list[tuple[int, int | None, int | None]]) -> tuple[tup
 
 
 def admitted_ranges(cur: duckdb.DuckDBPyConnection, grams: set[int], since_us: int, until_us: int,
-                    plan: Plan, open_block: _Block | None = None) -> list[Range]:
+                    plan: Plan, open_block: _Block | None = None) -> Iterator[Range]:
     """The parts of the window that blocks holding every trigram cover, newest first, merged so that
     none overlaps another (a row is scanned once), each with the received_at ranges of its blocks.
     ``open_block``: the writer's (``BlockWriter.open_block``, taken before this reads log_blocks), or the rows
-    after the newest stored block (``uncovered``); a block of that number in log_blocks was closed meanwhile."""
+    after the newest stored block (``uncovered``); a block of that number in log_blocks was closed meanwhile.
+
+    The plan's counts are set at once; the parts are made as the search asks for them, from the newest: a
+    common word stops at its newest part, and at 100 M lines (48,829 blocks, all admitted) making every part
+    first cost 8x its 10 M search (bench/search_scale.py). The blocks come back from DuckDB as Arrow columns,
+    admitted ones sorted by their newest ts there, and become Python tuples a chunk at a time."""
     test = " AND ".join(f"get_bit(bits, {g}) = 1" for g in sorted(grams))
-    rows = cur.execute(
-        f"SELECT block, epoch_us(min_ts), epoch_us(max_ts), epoch_us(min_received_at), epoch_us(max_received_at), {test} "
+    table = cur.execute(
+        "SELECT block, epoch_us(min_ts) AS lo, epoch_us(max_ts) AS hi, epoch_us(min_received_at) AS rlo, "
+        f"epoch_us(max_received_at) AS rhi, {test} AS may "
         "FROM log_blocks WHERE max_ts >= make_timestamp($since) AND min_ts < make_timestamp($until)",
         {"since": since_us, "until": until_us},
-    ).fetchall()
+    ).to_arrow_table()
+    extra: list[tuple] = []
     if open_block is not None:
         block, lo, hi, rlo, rhi, n = open_block.block, *open_block.scalars()[1:], open_block.lines
-        if n and hi >= since_us and lo < until_us and all(row[0] != block for row in rows):
-            rows.append((block, lo, hi, rlo, rhi, all(g in open_block.grams for g in grams)))
-    plan.blocks = len(rows)
-    spans = sorted((max(lo, since_us), min(hi + 1, until_us), (block, rlo, rhi))
-                   for block, lo, hi, rlo, rhi, may in rows if may)
-    plan.blocks_admitted = len(spans)
-    merged: list[list] = []  # [lower, upper, blocks]
-    for lo, hi, block in spans:  # oldest first
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-            merged[-1][2].append((lo, hi, block))
+        if n and hi >= since_us and lo < until_us and not pc.any(pc.equal(table["block"], block)).as_py():
+            extra.append((block, lo, hi, rlo, rhi, all(g in open_block.grams for g in grams)))
+    admitted = table.filter(table["may"])
+    plan.blocks = table.num_rows + len(extra)
+    plan.blocks_admitted = admitted.num_rows + sum(e[5] for e in extra)
+    admitted = admitted.take(pc.sort_indices(admitted, sort_keys=[("hi", "descending")]))
+    newest = heapq.merge(_rows(admitted), [e[:5] for e in extra if e[5]], key=lambda row: -row[2])
+    return _parts(newest, since_us, until_us)
+
+
+def _rows(table: pa.Table, chunk: int = 512) -> Iterator[tuple]:
+    """(block, lo, hi, rlo, rhi) of ``table``'s rows in order, converted ``chunk`` rows at a time."""
+    for at in range(0, table.num_rows, chunk):
+        part = table.slice(at, chunk)
+        yield from zip(*(part[name].to_pylist() for name in ("block", "lo", "hi", "rlo", "rhi")))
+
+
+def _parts(rows: Iterator[tuple], since_us: int, until_us: int) -> Iterator[Range]:
+    """Blocks sorted by their newest ts, descending, merged into disjoint parts newest first (the mirror of merging
+    intervals sorted by their start: a block joins the part when its span reaches the part's lower bound)."""
+    lower = upper = 0
+    blocks: list[tuple] = []  # (lo, hi, block, rlo, rhi) of the part being made
+    for block, lo, hi, rlo, rhi in rows:
+        a, z = max(lo, since_us), min(hi + 1, until_us)
+        if blocks and z >= lower:
+            lower = min(lower, a)
         else:
-            merged.append([lo, hi, [(lo, hi, block)]])
-    return [Range(lo, hi, _stamp_ranges([b for _, _, b in blocks]), tuple((a, z, *b) for a, z, b in blocks))
-            for lo, hi, blocks in reversed(merged)]
+            if blocks:
+                yield Range(lower, upper, _stamp_ranges([b[2:] for b in blocks]), tuple(blocks))
+            lower, upper, blocks = a, z, []
+        blocks.append((a, z, block, rlo, rhi))
+    if blocks:
+        yield Range(lower, upper, _stamp_ranges([b[2:] for b in blocks]), tuple(blocks))
 
 
 SPLIT_BLOCKS = 8  # a part of more admitted blocks is read in windows newest first (``newest_first``)
