@@ -6,7 +6,8 @@ out-of-memory error, are generated once into BENCH_CACHE_DIR (default /tmp/fleet
 lines at a time: the corpus is never whole in memory) and written through ``store.write_batch`` in
 10,000-line group commits, the token filter on. Above 10 M lines (issue 23: at 100 M, no more than 2x
 fleetlog's own 10 M figure) the 10 M corpus is measured first in the same run and each p99 is printed as
-a ratio to its own; the old scan and VictoriaLogs are not run there (BENCH_SEARCH_PEER=1 runs the peer).
+a ratio to its own; the old scan, the regex (both scan the window: ~25 s a search at 100 M) and VictoriaLogs
+are not run there (BENCH_SEARCH_PEER=1 runs the peer).
 Printed:
 - the commit CPU per line with the filter and without it (the first 500k lines again, filter off);
 - bytes on disk per line, and the filter's part (log_blocks);
@@ -213,6 +214,8 @@ def measure(n: int, tmp: Path, old_scan: bool) -> tuple[dict, Path]:
     view = tokens.uncovered(con)  # the open block, as the server's writer holds it in memory (no statement a search)
     try:
         for name, (text, regex, _) in CASES.items():
+            if regex and n > SCALE_BASE:
+                continue  # a regex scans the window: ~25 s a search at 100 M lines, and no goal there
             query = search.SearchQuery(text=text, regex=regex, since_us=since_us, until_us=until_us)
             run = lambda f: search.search(con, 600.0, query, f, open_block=lambda: view)  # noqa: E731
             run(True)
@@ -267,7 +270,7 @@ def main() -> int:
         if base:
             for name, (times, _, hits, _) in ours.items():
                 b99, p99 = percentile(base[name][0], 99), percentile(times, 99)
-                goal = "no goal: a regex scans the window" if CASES[name][1] else f"goal <= 2.0: {'met' if p99 <= 2 * b99 else 'NOT met'}"
+                goal = f"goal <= 2.0: {'met' if p99 <= 2 * b99 else 'NOT met'}"
                 print(f"  {name:<12} p99 at {LINES / 1e6:g} M lines {p99 * 1e3:.1f} ms / at {SCALE_BASE / 1e6:g} M {b99 * 1e3:.1f} ms = "
                       f"{p99 / b99:.2f}x ({goal})")
     return 0
