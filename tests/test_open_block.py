@@ -94,6 +94,25 @@ def test_a_writer_that_died_leaves_its_open_block_to_the_next(tmp_path):
     con.close()
 
 
+def test_a_block_rebuilt_from_unrepeated_words_keeps_a_bounded_cache(tmp_path, monkeypatch):
+    """The block a dead writer left is rebuilt with every trigram of its lines, and a run cache no larger than
+    the one ``add`` keeps (RUN_CACHE_MAX runs): base64-like lines bring runs seen once."""
+    import base64
+    import random
+    monkeypatch.setattr(tokens, "RUN_CACHE_MAX", 500)
+    rng = random.Random(7)
+    lines = [base64.b64encode(rng.randbytes(600)).decode() for _ in range(60)]
+    con = store.open_database(tmp_path / "f.duckdb")
+    commit(con, tokens.BlockWriter(block_lines=1000), [("C.1", i, T0 + i, line) for i, line in enumerate(lines)])
+    again = tokens.BlockWriter(block_lines=1000)
+    again.load(con)
+    rebuilt = again.open_block()
+    assert rebuilt.lines == 60 and set().union(*(tokens.trigrams(line.encode()) for line in lines)) <= rebuilt.grams
+    assert len(tokens.letter_runs("".join(lines).encode())) > 2_000
+    assert len(rebuilt.runs) <= tokens.RUN_CACHE_MAX
+    con.close()
+
+
 def test_a_writer_that_died_over_blocks_from_before_their_received_ranges(tmp_path):
     """Blocks written before migration 020 have no received_at range: the first commit of a writer on such a
     database writes a block of no lines at the newest stamp, so the block it leaves open is found as after

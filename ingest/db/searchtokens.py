@@ -33,6 +33,7 @@ Invariants:
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -163,7 +164,7 @@ def uncovered(con: duckdb.DuckDBPyConnection) -> _Block | None:
         return block
     text = "\n".join(line for (line,) in con.execute(f"SELECT line FROM logs {after}").fetchall()).encode()
     runs = letter_runs(text)
-    block.runs = {r for r in runs if len(r) <= RUN_CACHE_MAX_BYTES}
+    block.runs = set(itertools.islice((r for r in runs if len(r) <= RUN_CACHE_MAX_BYTES), RUN_CACHE_MAX))  # as add's
     block.grams = trigrams_of(runs)
     return block
 

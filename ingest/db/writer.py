@@ -163,6 +163,14 @@ class Writer:
 
     # -- event loop side -----------------------------------------------------------------------
     def start(self) -> None:
+        if self._blocks is not None:
+            # where the last writer left the token filter (its open block, the newest stamp), before any search
+            # can ask for the open block: read on the thread start()s the server, not the writer's (a search
+            # right after a restart missed the block's lines while the thread was still importing pyarrow)
+            try:
+                self._blocks.load(self._con)
+            except duckdb.Error:
+                logger.exception("the token filter's state could not be read; the first commit reads it")
         self._thread = threading.Thread(target=self._run, name="fleetlog-writer", daemon=True)
         self._thread.start()
 
@@ -244,11 +252,6 @@ class Writer:
     # -- writer thread -------------------------------------------------------------------------
     def _run(self) -> None:
         store.warm_up()  # on this thread, before the first push waits on it
-        if self._blocks is not None:
-            try:  # where the last writer left the token filter: its open block, the newest stamp
-                self._blocks.load(self._con)
-            except duckdb.Error:
-                logger.exception("the token filter's state could not be read; the first commit reads it")
         stopping = False
         held = None  # a request that must commit alone, taken while gathering the previous batch
         while not stopping:
