@@ -178,10 +178,13 @@ LINES = st.lists(st.text(ALPHABET, min_size=0, max_size=20), min_size=1, max_siz
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=LINES, block_lines=st.integers(1, 9), fail=st.sets(st.integers(0, 9), max_size=3),
        restart=st.integers(0, 9), stamps=st.lists(st.integers(-3, 3), min_size=10, max_size=10),
-       q=st.text(ALPHABET, min_size=3, max_size=6), limit=st.integers(1, 30))
-def test_every_stored_line_is_found_whatever_its_block(tmp_path_factory, lines, block_lines, fail, restart, stamps, q, limit):
+       q=st.text(ALPHABET, min_size=3, max_size=6), limit=st.integers(1, 30), run_blocks=st.integers(1, 3))
+def test_every_stored_line_is_found_whatever_its_block(tmp_path_factory, monkeypatch, lines, block_lines, fail, restart, stamps, q,
+                                                       limit, run_blocks):
     """Commits of 4 lines, some rolled back, one writer replaced mid-way (as after a SIGKILL), the clock stepping
-    back and forth: the filtered search, with the writer's view and without it, returns exactly the scan's hits."""
+    back and forth, runs of 1 to 3 blocks (migration 025): the filtered search, with the writer's view and without
+    it, returns exactly the scan's hits."""
+    monkeypatch.setattr(tokens, "RUN_BLOCKS", run_blocks)
     con = store.open_database(tmp_path_factory.mktemp("db") / "f.duckdb")
     blocks = tokens.BlockWriter(block_lines=block_lines)
     rows = [("C.%d" % (i % 3), i, T0 + i * 1000, line) for i, line in enumerate(lines)]

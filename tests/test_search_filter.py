@@ -147,16 +147,19 @@ LINES = st.lists(st.text(ALPHABET, min_size=0, max_size=24), min_size=1, max_siz
 @given(lines=LINES, picks=st.lists(st.tuples(st.integers(0, 39), st.integers(0, 24), st.integers(1, 12), st.booleans()),
                                    min_size=1, max_size=6),
        extra=st.text(ALPHABET, min_size=1, max_size=8), block_lines=st.integers(1, 7), shuffle=st.randoms(use_true_random=False),
-       limit=st.integers(1, 50))
+       limit=st.integers(1, 50), run_blocks=st.integers(1, 3), page=st.sampled_from([1, 2, 512]))
 @pytest.mark.parametrize("windows", [False, True])
 @pytest.mark.parametrize("step", [1000, 1])  # 1 us: a commit's blocks, stamped apart, overlap the next commits' stamps
 def test_filtered_search_returns_exactly_the_hits_of_a_scan(db, monkeypatch, windows, step, lines, picks, extra, block_lines,
-                                                             shuffle, limit):
+                                                             shuffle, limit, run_blocks, page):
+    monkeypatch.setattr(tokens, "RUN_BLOCKS", run_blocks)  # closed runs (migration 025) of 1 to 3 blocks
+    monkeypatch.setattr(tokens, "RUN_LOAD_BLOCKS", page)  # the admitted runs read one at a time, or all at once
     if windows:  # every part of more than one block read in windows newest first: 1 ms, 2, 4 ...
         monkeypatch.setattr(tokens, "SPLIT_BLOCKS", 1)
         monkeypatch.setattr(tokens, "FIRST_WINDOW_US", 1000)
     db.execute("DELETE FROM logs")
-    db.execute("DELETE FROM log_blocks")
+    for table in ("log_blocks", "log_block_runs", "log_block_grams"):
+        db.execute(f"DELETE FROM {table}")
     blocks = tokens.BlockWriter(block_lines=block_lines)
     rows = [("C.%d" % (i % 3), i, T0 + shuffle.randrange(0, 30) * 1000, line) for i, line in enumerate(lines)]  # ts out of order, ties
     stamps = [T0 + shuffle.choice((0, 0, 1, -1)) * step for _ in range(0, len(rows), 5)]  # shared, stepped back
@@ -325,7 +328,8 @@ def test_a_common_word_read_in_windows_newest_first_finds_exactly_the_hits_of_a_
     monkeypatch.setattr(tokens, "SPLIT_BLOCKS", 1)
     monkeypatch.setattr(tokens, "FIRST_WINDOW_US", 1000)
     db.execute("DELETE FROM logs")
-    db.execute("DELETE FROM log_blocks")
+    for table in ("log_blocks", "log_block_runs", "log_block_grams"):
+        db.execute(f"DELETE FROM {table}")
     blocks = tokens.BlockWriter(block_lines=block_lines)
     rows = [("C.%d" % (i % 3), i, T0 + shuffle.randrange(0, 600) * 1000, line) for i, line in enumerate(lines)]
     for n, start in enumerate(range(0, len(rows), 5)):

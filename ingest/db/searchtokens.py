@@ -15,6 +15,12 @@ Invariants:
   a bitset of ``26**3`` bits holding at least every letter trigram of its lines. Extra bits are always
   allowed (they only make a search scan more); a missing one would lose a hit, so none may be missing.
   The ranges may be wider than the rows' (extra rows scanned), never narrower.
+- Runs (migration 025): blocks ``r * RUN_BLOCKS`` to ``(r + 1) * RUN_BLOCKS - 1`` are run ``r``. Once all its blocks
+  are stored (a stored block's number is past it), a run is written transposed, in the commit that stores its last
+  block (or the next writer's first, for a database from before 025 or RUN_BLOCKS changed): ``log_block_grams`` holds,
+  for each trigram set in some block of the run, the bitset of its blocks that hold it, exactly as their bits say;
+  ``log_block_runs`` its block range and ts range. Runs are written in order, 0 .. n - 1; a search uses them only
+  when all are of RUN_BLOCKS blocks (``RUNS_SQL``), and tests the bits of the blocks after them.
 - Rows stored before migration 014 are in the catch-all block 0 (every bit set, their whole ts range);
   blocks written before 020 have no received_at range (NULL): a search scans their ts range.
 - A letter trigram is three consecutive letters a-z after folding: ASCII letters lowered, the two
@@ -51,6 +57,9 @@ BLOCK_LINES = 2048
 RUN_CACHE_MAX = 8192
 RUN_CACHE_MAX_BYTES = 32
 NBITS = 26 ** 3
+# Blocks per run (migration 025): a closed run's blocks are found by their trigrams' rows, one per run, not by each
+# block's bits. 1,024 blocks are ~2 M lines; the open run's blocks (at most this many) are still tested one by one.
+RUN_BLOCKS = 1024
 STAMP_TYPE = pa.timestamp("us")  # logs.received_at
 _FOLD = bytes(c + 32 if 65 <= c <= 90 else c if 97 <= c <= 122 else 32 for c in range(256))
 _TO_ASCII = ((b"\xe2\x84\xaa", b"k"), (b"\xc4\xb0", b"i"))  # U+212A, U+0130: DuckDB's lower() gives k, i
@@ -139,6 +148,39 @@ def _insert(con: duckdb.DuckDBPyConnection, b: _Block, bits: str | None = None) 
                  "rlo": b.min_received_us, "rhi": b.max_received_us})
 
 
+# A closed run, transposed: for each trigram any of its blocks holds, the bitset of the blocks that hold it (bit i:
+# block first + i). Only the trigrams set in some block are tried (their union first: ~600 of 17,576 in
+# bench/search_scale.py's lines; 1,024 blocks ~45 ms, once per ~2 M lines). Idempotent: a run written again replaces itself.
+TRANSPOSE_SQL = f"""
+INSERT INTO log_block_grams
+SELECT $run, p.g, bitstring_agg(b.block - $first, 0, $size - 1)
+FROM (SELECT block, bits FROM log_blocks WHERE block BETWEEN $first AND $last) b,
+     (SELECT g FROM range({NBITS}) t(g), (SELECT bit_or(bits) AS u FROM log_blocks WHERE block BETWEEN $first AND $last)
+      WHERE get_bit(u, g::INT) = 1) p
+WHERE get_bit(b.bits, p.g::INT) = 1
+GROUP BY p.g"""
+
+
+def _transpose(con: duckdb.DuckDBPyConnection, run: int) -> None:
+    """Write run ``run`` (blocks ``run * RUN_BLOCKS`` on, every one of them stored) transposed."""
+    first = run * RUN_BLOCKS
+    bounds = {"run": run, "first": first, "last": first + RUN_BLOCKS - 1}
+    con.execute("DELETE FROM log_block_grams WHERE run = $run", {"run": run})
+    con.execute("DELETE FROM log_block_runs WHERE run = $run", {"run": run})
+    con.execute(TRANSPOSE_SQL, {**bounds, "size": RUN_BLOCKS})
+    con.execute("INSERT INTO log_block_runs SELECT $run, $first, $last, min(min_ts), max(max_ts) FROM log_blocks "
+                "WHERE block BETWEEN $first AND $last", bounds)
+
+
+def _close_runs(con: duckdb.DuckDBPyConnection, next_run: int, top: int) -> int:
+    """Transpose the runs from ``next_run`` whose blocks are all stored (``top``: the newest stored block's number);
+    returns the next run to write."""
+    while (next_run + 1) * RUN_BLOCKS - 1 <= top:
+        _transpose(con, next_run)
+        next_run += 1
+    return next_run
+
+
 UNCOVERED_MAX_LINES = 4 * BLOCK_LINES  # more rows after the newest block than this: a catch-all block, not their trigrams
 
 
@@ -183,9 +225,12 @@ class BlockWriter:
         self._open: _Block | None = None
         self._next_id: int | None = None  # None: not loaded yet
         self._floor = 0  # the next stamp is at least this: one past the newest stored
-        self._pending: tuple[_Block | None, int, int, int] | None = None
+        self._pending: tuple[_Block | None, int, int, int, int, int] | None = None
         self._undo: tuple | None = None  # the open block's scalars before the commit in flight
         self._marker_due = False
+        self._top = -1  # the newest stored block's number
+        self._next_run = 0  # the first run not written transposed (migration 025): the runs before it all are
+        self._reset_runs = False  # runs of another size than RUN_BLOCKS are stored: all are written again
         self.spread = 0  # the last commit's stamps ran from its received_us to received_us + spread
 
     def open_block(self) -> _Block | None:
@@ -209,8 +254,16 @@ class BlockWriter:
             "FROM log_blocks").fetchall()
         self._open = uncovered(con)
         self._next_id = top + 1 + (self._open is not None)
+        self._top = top if stored else -1
         self._floor = (newest + 1) if newest is not None else 0
         self._marker_due = bool(self._open is None and newest is not None and stored and not ranged)
+        ((runs, odd),) = con.execute("SELECT list(run ORDER BY run), count(*) FILTER (last_block - first_block + 1 <> $size) "
+                                     "FROM log_block_runs", {"size": RUN_BLOCKS}).fetchall()
+        # the runs a search uses are 0 .. n - 1 (``admitted_ranges``): the first missing one and those after it are written
+        # (again) by the next commit, as are all when some have another size (RUN_BLOCKS changed)
+        done = set(runs or ())
+        self._reset_runs = bool(odd)
+        self._next_run = 0 if odd else next(r for r in itertools.count() if r not in done)
 
     def add(self, con: duckdb.DuckDBPyConnection, rows: pa.Table, received_us: int) -> pa.Array:
         """The blocks of a commit's rows (``store.LogColumns.table()``: one chunk a column), and the rows'
@@ -223,14 +276,26 @@ class BlockWriter:
         the commit fills are written: the open block is extended in place, and a rollback puts it back."""
         if self._next_id is None:
             self.load(con)
+        if self._reset_runs:
+            con.execute("DELETE FROM log_block_grams")
+            con.execute("DELETE FROM log_block_runs")
+        top, next_run = self._top, self._next_run
+
+        def store(b: _Block, bits: str | None = None) -> None:  # a closed block's row, and the runs it closes
+            nonlocal top, next_run
+            _insert(con, b, bits)
+            top = max(top, b.block)
+            next_run = _close_runs(con, next_run, top)
+
+        next_run = _close_runs(con, next_run, top)  # left by a writer that died, or from before migration 025
         if self._marker_due:
-            _insert(con, _Block(self._next_id, 0, self._floor - 1, self._floor - 1, min_received_us=self._floor - 1,
-                                max_received_us=self._floor - 1), "0" * NBITS)
+            store(_Block(self._next_id, 0, self._floor - 1, self._floor - 1, min_received_us=self._floor - 1,
+                         max_received_us=self._floor - 1), "0" * NBITS)
         received_us = self.stamp(received_us)
         block = self._open
         self._undo = block.scalars() if block is not None else None
         if block is not None and block.lines >= self.block_lines:  # rebuilt full by ``load``: stored now
-            _insert(con, block)
+            store(block)
         next_id = self._next_id + self._marker_due
         touched: list[_Block] = []
         rows_of: list[int] = []  # rows stamped received_us + i, for each touched block i
@@ -251,21 +316,22 @@ class BlockWriter:
             block.extend(text, bounds["min"].value, bounds["max"].value, n, received_us + len(touched) - 1)
             rows_of.append(n)
             if block.lines >= self.block_lines:
-                _insert(con, block)  # closed: its row, once
+                store(block)  # closed: its row, once
             start += n
         spread = max(len(touched) - 1, 0)
-        self._pending = (block, next_id, spread, received_us + spread + 1 if touched else received_us)
+        self._pending = (block, next_id, spread, received_us + spread + 1 if touched else received_us, top, next_run)
         return pa.concat_arrays([pa.repeat(pa.scalar(received_us + i, STAMP_TYPE), n) for i, n in enumerate(rows_of)]
                                 or [pa.array([], STAMP_TYPE)])
 
     def committed(self) -> None:
         self.spread = 0
         if self._pending is not None:
-            self._open, self._next_id, self.spread, self._floor = self._pending
+            self._open, self._next_id, self.spread, self._floor, self._top, self._next_run = self._pending
             if self._open is not None and self._open.lines >= self.block_lines:
                 self._open = None  # stored: the next commit begins a new block
             self._pending = None
             self._marker_due = False
+            self._reset_runs = False
         self._undo = None
 
     def rolled_back(self) -> None:
@@ -341,6 +407,48 @@ def _stamp_ranges(blocks: list[tuple[int, int | None, int | None]]) -> tuple[tup
     return tuple((lo, hi) for lo, hi, _ in merged)
 
 
+# The runs a search may use: 0 .. n - 1, all written (the writer writes them in order) and all of RUN_BLOCKS blocks
+# (``$size``); else none (their blocks' bits are tested instead), until the writer has written them again.
+RUNS_SQL = """
+SELECT CASE WHEN count(*) = coalesce(max(run) + 1, 0) AND count(*) FILTER (last_block - first_block + 1 <> $size) = 0
+            THEN count(*) ELSE 0 END
+FROM log_block_runs"""
+# The closed runs before $runs that hold every trigram, with the AND of their rows: bit i set, block run * size + i
+# may match (a run lacking a trigram has fewer rows, and none of its blocks may match).
+RUNS_ADMITTED = """m AS MATERIALIZED (SELECT run, bit_and(blocks) AS mask FROM log_block_grams WHERE run < $runs AND gram IN ({grams})
+    GROUP BY run HAVING count(*) = $n)"""
+WINDOW_SQL = "max_ts >= make_timestamp($since) AND min_ts < make_timestamp($until)"
+# What a search reads of the filter at once, by ``kind``: 0, the admitted blocks it has at once (block, lo, hi, rlo,
+# rhi): those from $end (their bits hold every trigram: ``block >= $end`` keeps the scan from the older blocks' bits)
+# and those of the admitted runs across the window's edge (their masks, each block's ts), or of every admitted run when
+# those inside the window admit at most $few blocks; else 1, the admitted runs inside the window (run, first block,
+# newest max_ts, admitted blocks, mask), whose blocks are read as the search reaches them; 2, the window's blocks, their newest max_ts, and the newest stored block (an open block of that number or
+# below was stored meanwhile).
+ADMITTED_SQL = """
+WITH {m},
+r AS (SELECT m.run, m.mask, x.first_block, x.max_ts,
+             x.min_ts >= make_timestamp($since) AND x.max_ts < make_timestamp($until) AS inside
+      FROM m JOIN log_block_runs x ON x.run = m.run
+      WHERE x.max_ts >= make_timestamp($since) AND x.min_ts < make_timestamp($until)),
+few AS (SELECT coalesce(sum(bit_count(mask)), 0) <= $few AS few FROM r WHERE inside),
+edge AS (SELECT run, mask FROM r, few WHERE NOT inside OR few)
+SELECT 0 AS kind, b.block, epoch_us(b.min_ts) AS a, epoch_us(b.max_ts) AS b, epoch_us(b.min_received_at) AS c,
+       epoch_us(b.max_received_at) AS d, NULL::VARCHAR AS mask
+FROM log_blocks b JOIN edge ON b.block // {size} = edge.run
+WHERE b.{window} AND get_bit(edge.mask, (b.block % {size})::INT) = 1
+UNION ALL
+SELECT 0, block, epoch_us(min_ts), epoch_us(max_ts), epoch_us(min_received_at), epoch_us(max_received_at), NULL
+FROM log_blocks WHERE block >= $end AND {window} AND {test}
+UNION ALL
+SELECT 1, run, first_block, epoch_us(max_ts), bit_count(mask), NULL, mask::VARCHAR FROM r, few WHERE inside AND NOT few
+UNION ALL
+SELECT 2, NULL, count(*), epoch_us(max(max_ts)), (SELECT max(block) FROM log_blocks), NULL, NULL FROM log_blocks WHERE {window}"""
+BLOCKS_SQL = """
+SELECT block, epoch_us(min_ts), epoch_us(max_ts), epoch_us(min_received_at), epoch_us(max_received_at)
+FROM log_blocks WHERE block IN ({blocks})"""
+RUN_LOAD_BLOCKS = 512  # admitted blocks of the runs inside the window: at most this many, and they are read at once
+
+
 def admitted_ranges(cur: duckdb.DuckDBPyConnection, grams: set[int], since_us: int, until_us: int,
                     plan: Plan, open_block: _Block | None = None) -> Iterator[Range]:
     """The parts of the window that blocks holding every trigram cover, newest first, merged so that
@@ -348,35 +456,52 @@ def admitted_ranges(cur: duckdb.DuckDBPyConnection, grams: set[int], since_us: i
     ``open_block``: the writer's (``BlockWriter.open_block``, taken before this reads log_blocks), or the rows
     after the newest stored block (``uncovered``); a block of that number in log_blocks was closed meanwhile.
 
-    The plan's counts are set at once; the parts are made as the search asks for them, from the newest: a
-    common word stops at its newest part, and at 100 M lines (48,829 blocks, all admitted) making every part
-    first cost 8x its 10 M search (bench/search_scale.py). The blocks come back from DuckDB as Arrow columns,
-    admitted ones sorted by their newest ts there, and become Python tuples a chunk at a time."""
-    test = " AND ".join(f"get_bit(bits, {g}) = 1" for g in sorted(grams))
-    table = cur.execute(
-        "SELECT block, epoch_us(min_ts) AS lo, epoch_us(max_ts) AS hi, epoch_us(min_received_at) AS rlo, "
-        f"epoch_us(max_received_at) AS rhi, {test} AS may "
-        "FROM log_blocks WHERE max_ts >= make_timestamp($since) AND min_ts < make_timestamp($until)",
-        {"since": since_us, "until": until_us},
-    ).to_arrow_table()
-    extra: list[tuple] = []
+    The closed runs' blocks (migration 025, ``RUNS_SQL``) are admitted by ANDing their runs' rows of the text's
+    trigrams; only the blocks after them have their bits tested (at 100 M lines the bits of 48,829 blocks were
+    ~107 MB a search). The runs are read first: a run written meanwhile only has its blocks tested by their bits.
+
+    The plan's counts are set at once; the parts are made as the search asks for them, from the newest, and an
+    admitted run inside the window has its blocks read only when the search reaches its newest ts (``_newest``):
+    a common word stops at its newest part, and at 100 M lines reading all its 48,829 admitted blocks cost more
+    than the rest of its search."""
+    ((runs,),) = cur.execute(RUNS_SQL, {"size": RUN_BLOCKS}).fetchall()
+    ordered = sorted(grams)
+    sql = ADMITTED_SQL.format(m=RUNS_ADMITTED.format(grams=", ".join(map(str, ordered))), size=RUN_BLOCKS,
+                              window=WINDOW_SQL, test=" AND ".join(f"get_bit(bits, {g}) = 1" for g in ordered))
+    rows = cur.execute(sql, {"since": since_us, "until": until_us, "runs": runs, "end": runs * RUN_BLOCKS,
+                             "n": len(grams), "few": RUN_LOAD_BLOCKS}).fetchall()
+    blocks = [r[1:6] for r in rows if r[0] == 0]
+    inside = [(newest, first, count, mask) for kind, _, first, newest, count, _, mask in rows if kind == 1]
+    ((_, _, window_blocks, _, top, _, _),) = [r for r in rows if r[0] == 2]
     if open_block is not None:
         block, lo, hi, rlo, rhi, n = open_block.block, *open_block.scalars()[1:], open_block.lines
-        if n and hi >= since_us and lo < until_us and not pc.any(pc.equal(table["block"], block)).as_py():
-            extra.append((block, lo, hi, rlo, rhi, all(g in open_block.grams for g in grams)))
-    admitted = table.filter(table["may"])
-    plan.blocks = table.num_rows + len(extra)
-    plan.blocks_admitted = admitted.num_rows + sum(e[5] for e in extra)
-    admitted = admitted.take(pc.sort_indices(admitted, sort_keys=[("hi", "descending")]))
-    newest = heapq.merge(_rows(admitted), [e[:5] for e in extra if e[5]], key=lambda row: -row[2])
-    return _parts(newest, since_us, until_us)
+        if n and hi >= since_us and lo < until_us and (top is None or block > top):  # else stored meanwhile: in log_blocks
+            window_blocks += 1
+            if grams <= open_block.grams:
+                blocks.append((block, lo, hi, rlo, rhi))
+    plan.blocks = window_blocks
+    plan.blocks_admitted = len(blocks) + sum(count for _, _, count, _ in inside)
+    return _parts(_newest(cur, blocks, inside), since_us, until_us)
 
 
-def _rows(table: pa.Table, chunk: int = 512) -> Iterator[tuple]:
-    """(block, lo, hi, rlo, rhi) of ``table``'s rows in order, converted ``chunk`` rows at a time."""
-    for at in range(0, table.num_rows, chunk):
-        part = table.slice(at, chunk)
-        yield from zip(*(part[name].to_pylist() for name in ("block", "lo", "hi", "rlo", "rhi")))
+def _newest(cur, blocks: list[tuple], runs: list[tuple]) -> Iterator[tuple]:
+    """``blocks`` (block, lo, hi, rlo, rhi) and the admitted blocks of ``runs`` (newest max_ts, first block, admitted
+    blocks, mask), newest hi first. A run's blocks are read once a block of it might be the next: when its newest
+    max_ts is at least the newest hi in hand; with it, the runs after it when all of theirs are few (RUN_LOAD_BLOCKS)."""
+    heap = [(-b[2], -b[0], b) for b in blocks]
+    heapq.heapify(heap)
+    pending = sorted(runs, key=lambda r: r[0], reverse=True)
+    left = sum(r[2] for r in pending)
+    while heap or pending:
+        if pending and (not heap or pending[0][0] >= -heap[0][0]):
+            take = len(pending) if left <= RUN_LOAD_BLOCKS else 1
+            ids = [first + i for _, first, _, mask in pending[:take] for i, bit in enumerate(mask) if bit == "1"]
+            left -= sum(r[2] for r in pending[:take])
+            del pending[:take]
+            for b in cur.execute(BLOCKS_SQL.format(blocks=", ".join(map(str, ids)))).fetchall():
+                heapq.heappush(heap, (-b[2], -b[0], b))
+            continue
+        yield heapq.heappop(heap)[2]
 
 
 def _parts(rows: Iterator[tuple], since_us: int, until_us: int) -> Iterator[Range]:

@@ -68,10 +68,10 @@ SORTED_BY = {"logs": "instance_id, source, run_id, seq", "metrics": "instance_id
 # The migrations (ingest/db/migrations/) whose tables PG_DDL and the lake hold; the lake's tables (logs,
 # metrics) and the views are created from the files themselves (``_lake_tables``, ``_migration_views``). A new migration must be folded in here too (open_lake refuses to start
 # otherwise, so the two modes cannot drift apart silently).
-# 10, 15, 16, 17, 18 and 21 only (re)define views (17 a macro too); 14 and 20 (log_blocks, the search's token filter) have no lake
+# 10, 15, 16, 17, 18 and 21 only (re)define views (17 a macro too); 14, 20 and 25 (log_blocks and its runs, the search's token filter) have no lake
 # table: the lake keeps no blocks and its searches scan the window (docs/scale-out.md). 19's table (log_stream_lines, what is
 # stored of each log stream, kept by the file's writer) is a view here that counts the lake's lines (LAKE_STREAM_LINES), as 010 did.
-LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24})
+LAKE_MIGRATIONS = frozenset({1, 2, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25})
 # 23 keeps 19's figures as parts the file's writer appends, and makes log_stream_lines a view that folds them: the lake's
 # log_stream_lines stays its own (LAKE_STREAM_LINES), so that view of the migrations is not made here (LAKE_OWN_VIEWS); nor
 # 24's log_stream_tail (the lines after the file writer's mark, which the lake's view counts with the rest).
@@ -132,7 +132,7 @@ ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS run_id text;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS started_received_at timestamp;
 ALTER TABLE bench_runs ADD COLUMN IF NOT EXISTS done_received_at timestamp;
 INSERT INTO schema_migrations (version, name)
-    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes'), (19, 'log_stream_lines'), (20, 'block_received'), (21, 'params_run'), (22, 'log_stream_declared'), (23, 'log_stream_parts'), (24, 'log_stream_mark')
+    VALUES (1, 'initial'), (2, 'policies'), (3, 'tokens'), (5, 'views'), (9, 'logs_line_zstd'), (10, 'views_data'), (11, 'enrollments'), (12, 'rule_progress'), (13, 'server_time'), (14, 'log_blocks'), (15, 'money'), (16, 'degradation'), (17, 'patterns'), (18, 'spikes'), (19, 'log_stream_lines'), (20, 'block_received'), (21, 'params_run'), (22, 'log_stream_declared'), (23, 'log_stream_parts'), (24, 'log_stream_mark'), (25, 'block_runs')
     ON CONFLICT DO NOTHING;
 """
 
