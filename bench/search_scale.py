@@ -205,10 +205,12 @@ def measure(n: int, tmp: Path, old_scan: bool) -> tuple[dict, Path]:
     cpu_on = fill(db, batches(n), tokens.BlockWriter())
     con = store.open_database(db)
     blocks, = con.execute("SELECT count(*) FROM log_blocks").fetchone()
+    runs, grams = con.execute("SELECT (SELECT count(*) FROM log_block_runs), count(*) FROM log_block_grams").fetchone()
     size = db.stat().st_size
     print(f"search at scale: {n:,} lines over 20 h, {blocks} blocks of <= {tokens.BLOCK_LINES} lines; CPUs {os.cpu_count()}, "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"  bytes on disk per line: {size / n:.1f} (log_blocks at most {blocks * tokens.NBITS / 8 / n:.2f} of it); "
+    print(f"  bytes on disk per line: {size / n:.1f} (log_blocks at most {blocks * tokens.NBITS / 8 / n:.2f} of it, their {runs} "
+          f"runs at most {grams * tokens.RUN_BLOCKS / 8 / n:.2f}); "
           f"commit CPU of the whole fill {cpu_on / n * 1e6:.2f} us a line")
     ours: dict[str, tuple[list[float], list[float], int, str]] = {}
     view = tokens.uncovered(con)  # the open block, as the server's writer holds it in memory (no statement a search)

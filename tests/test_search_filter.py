@@ -10,7 +10,7 @@ import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ingest.db import search, store, searchtokens as tokens
+from ingest.db import search, searchplan as plans, store, searchtokens as tokens
 from ingest.contract.codec import MetricRows
 
 from tests.fleet import push_lines, utcnow
@@ -61,8 +61,9 @@ def test_rare_word_search_reads_only_the_blocks_that_hold_it(db):
     assert (plan.filter, plan.blocks, plan.blocks_admitted, plan.ranges_scanned) == ("trigrams", 20, 1, 1)
     hits, _, plan = run(db, "text found nowhere")
     assert hits == [] and (plan.blocks_admitted, plan.ranges_scanned) == (0, 0)
-    hits, truncated, plan = run(db, "partition", limit=5)  # in every block: the newest one answers
-    assert len(hits) == 5 and truncated and hits[0]["seq"] == 1999 and plan.ranges_scanned == 1
+    hits, truncated, plan = run(db, "partition", limit=5)  # in every block: the newest answer, in one statement
+    assert len(hits) == 5 and truncated and hits[0]["seq"] == 1999
+    assert plan.ranges_scanned == -(-search.FIRST_LINES // 100) < 20  # the blocks of the first FIRST_LINES lines
     _, _, plan = run(db, "of")  # no trigram: the whole window, and the plan says so
     assert plan.filter == "no trigram in q"
 
@@ -153,10 +154,10 @@ LINES = st.lists(st.text(ALPHABET, min_size=0, max_size=24), min_size=1, max_siz
 def test_filtered_search_returns_exactly_the_hits_of_a_scan(db, monkeypatch, windows, step, lines, picks, extra, block_lines,
                                                              shuffle, limit, run_blocks, page):
     monkeypatch.setattr(tokens, "RUN_BLOCKS", run_blocks)  # closed runs (migration 025) of 1 to 3 blocks
-    monkeypatch.setattr(tokens, "RUN_LOAD_BLOCKS", page)  # the admitted runs read one at a time, or all at once
+    monkeypatch.setattr(plans, "RUN_LOAD_BLOCKS", page)  # the admitted runs read one at a time, or all at once
     if windows:  # every part of more than one block read in windows newest first: 1 ms, 2, 4 ...
-        monkeypatch.setattr(tokens, "SPLIT_BLOCKS", 1)
-        monkeypatch.setattr(tokens, "FIRST_WINDOW_US", 1000)
+        monkeypatch.setattr(plans, "SPLIT_BLOCKS", 1)
+        monkeypatch.setattr(plans, "FIRST_WINDOW_US", 1000)
     db.execute("DELETE FROM logs")
     for table in ("log_blocks", "log_block_runs", "log_block_grams"):
         db.execute(f"DELETE FROM {table}")
@@ -232,12 +233,14 @@ class Counted:
 
 
 @pytest.mark.parametrize("parts", [12, 20])
-def test_a_rare_phrase_in_many_parts_is_read_in_a_few_statements_newest_first(db, parts):
+def test_a_rare_phrase_in_many_parts_is_read_in_a_few_statements_newest_first(db, monkeypatch, parts):
     # Hits each in a block of its own and a part of its own (an hour apart, no other block between): one
     # statement per part planned each time (~1 ms each, as much as the block's scan). Up to 16 admitted blocks
     # are read in one statement (a rare phrase's 10 blocks: 19.8 -> 16.7 ms CPU against 1, 2, 4 and 2 parts a
     # statement); more go 1, 2, 4, 8 parts a statement, so a word in many blocks still stops at its newest.
-    # The hits and their order are the scan's.
+    # The hits and their order are the scan's. (The first statement's FIRST_LINES, 21 of these 50-line blocks,
+    # is test_rare_word_search_reads_only_the_blocks_that_hold_it's: here every part counts as one.)
+    monkeypatch.setattr(search, "FIRST_LINES", 0)
     blocks = tokens.BlockWriter(block_lines=50)
     for c in range(parts):
         rows = [("C.%d" % c, i, T0 + c * 3_600_000_000 + i, "INFO partition done" if i != 7 else f"ERROR out of memory {c}")
@@ -307,9 +310,9 @@ def test_a_block_of_unrepeated_words_keeps_a_bounded_cache_and_every_trigram(db)
 def test_a_part_without_received_ranges_keeps_its_ts_bounds_in_the_scan():
     """ts's zone maps are the only pruning of a part without received_at ranges (old blocks, regex, no trigram,
     the lake): its bounds stay the scan's filter; a part with ranges checks them on the rows it reads."""
-    sql, _ = search._statement(search.MATCH_SQL, [tokens.Range(1, 2)])
+    sql, _ = search._statement(search.MATCH_SQL, [plans.Range(1, 2)])
     assert "ts >= make_timestamp($since0)" in sql and "epoch_us(ts)" not in sql
-    sql, _ = search._statement(search.MATCH_SQL, [tokens.Range(1, 2, ((5, 6),))])
+    sql, _ = search._statement(search.MATCH_SQL, [plans.Range(1, 2, ((5, 6),))])
     assert "epoch_us(ts) >= $since0" in sql and "received_at BETWEEN" in sql and "ts >= make_timestamp" not in sql
 
 
@@ -322,11 +325,11 @@ WORDS = ["alpha", "beta", "gamma", "Alphabet", "kelvin", "\u212aelvin", "mu"]
        q=st.sampled_from(["alpha", "beta", "gamma", "kelvin", "ALPHAB", "lpha bet", "nowhere"]))
 def test_a_common_word_read_in_windows_newest_first_finds_exactly_the_hits_of_a_scan(db, monkeypatch, lines, block_lines,
                                                                                       shuffle, limit, q):
-    """Parts of many blocks read in ts windows newest first (tokens.newest_first), here every part of more than
+    """Parts of many blocks read in ts windows newest first (plans.newest_first), here every part of more than
     one block and windows from 1 ms: the hits, their order and whether more matched are the scan's, with ts
     spread over 0.6 s out of order, ties, shared and stepped-back commit stamps."""
-    monkeypatch.setattr(tokens, "SPLIT_BLOCKS", 1)
-    monkeypatch.setattr(tokens, "FIRST_WINDOW_US", 1000)
+    monkeypatch.setattr(plans, "SPLIT_BLOCKS", 1)
+    monkeypatch.setattr(plans, "FIRST_WINDOW_US", 1000)
     db.execute("DELETE FROM logs")
     for table in ("log_blocks", "log_block_runs", "log_block_grams"):
         db.execute(f"DELETE FROM {table}")

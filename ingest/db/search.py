@@ -3,7 +3,7 @@
 ``search`` runs on its own cursor with a deadline (like every read); the window ``[since_us,
 until_us)`` keeps it to the row groups whose ``ts`` can match (DuckDB's min/max zone maps), so the
 cost follows the window, not the table; and the window is searched newest part first, stopping at
-``limit`` hits. With the token filter (``ingest/db/searchtokens.py``, file mode) only the time ranges of the
+``limit`` hits. With the token filter (``ingest/db/searchtokens.py`` and ``searchplan.py``, file mode) only the time ranges of the
 blocks that hold every letter trigram of the text are scanned, newest first, so a rare phrase costs
 its hits' blocks and text found nowhere costs the blocks table; a regular expression, or text with
 no trigram, scans the window as before, and the answer's plan says which. Text is matched case-insensitively as a plain substring, or
@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import duckdb
 
-from ingest.db import searchtokens as tokens
+from ingest.db import searchplan as plans, searchtokens as tokens
 from ingest.errors import QueryError
 from ingest.db.reads import deadline_cursor
 from ingest.timestamps import datetime_to_us
@@ -52,14 +52,15 @@ WHERE {window} {stamps} {filters}"""
 WINDOW_SQL = "ts >= make_timestamp($since{i}) AND ts < make_timestamp($until{i})"
 ROWS_WINDOW_SQL = "epoch_us(ts) >= $since{i} AND epoch_us(ts) < $until{i}"
 STAMPS_SQL = "AND received_at BETWEEN make_timestamp($rlo{i}) AND make_timestamp($rhi{i})"
-MAX_BRANCHES = 64  # branches one statement unions; a part's own ranges are at most tokens.MAX_STAMP_RANGES
+MAX_BRANCHES = 64  # branches one statement unions; a part's own ranges are at most plans.MAX_STAMP_RANGES
 # Admitted blocks read in one statement whatever the limit: a rare phrase's 10 blocks (2 M lines) in one statement,
 # not 1, 2, 4 and 2 parts a statement: 19.8 -> 16.7 ms CPU p50 in-process (40 alternating runs); at worst (the
 # newest block holds the limit) 16 blocks read instead of one, ~25 ms
 ONE_STATEMENT_BLOCKS = 16
+FIRST_LINES = tokens.BLOCK_LINES // 2  # the lines of admitted blocks a search's first statement reads at least
 
 
-def _statement(filters: str, parts: list[tokens.Range]) -> tuple[str, dict[str, int]]:
+def _statement(filters: str, parts: list[plans.Range]) -> tuple[str, dict[str, int]]:
     """The SQL of some parts of the window (disjoint) and its bounds' parameters."""
     branches, params = [], {}
     for part in parts:
@@ -73,25 +74,29 @@ def _statement(filters: str, parts: list[tokens.Range]) -> tuple[str, dict[str, 
     return SEARCH_SQL.format(branches="\nUNION ALL\n".join(branches)), params
 
 
-def _batches(ranges: Iterable[tokens.Range], grow: bool, first: int = 1) -> Iterator[list[tokens.Range]]:
+def _batches(ranges: Iterable[plans.Range], grow: bool, first: int = 1, first_lines: int = 0) -> Iterator[list[plans.Range]]:
     """The parts in statements, newest first: one part each, or (``grow``) ``first``, then twice as many ...
     parts a statement, at most MAX_BRANCHES branches: a statement costs ~1 ms to plan, the admitted blocks of a
-    rare phrase a fraction of that to scan, and a common word still stops at its newest part. Lazy: the parts
-    a search does not reach are never made."""
+    rare phrase a fraction of that to scan, and a common word still stops at its newest part. The first
+    statement takes parts until they hold ``first_lines`` lines (a part that does not say counts as enough):
+    the newest part is often the writer's open block alone, which may hold a handful (at 100 M lines in
+    bench/search_scale.py, ~250: a common word read it alone, then two more blocks in a second statement).
+    Lazy: the parts a search does not reach are never made."""
     parts = iter(ranges)
     pending = next(parts, None)
-    size = first
+    size, want = first, first_lines
     while pending is not None:
-        batch, branches = [], 0
-        while pending is not None and len(batch) < size:
+        batch, branches, lines = [], 0, 0
+        while pending is not None and (len(batch) < size or lines < want):
             n = len(pending.stamps or (None,))
             if batch and branches + n > MAX_BRANCHES:
                 break
             batch.append(pending)
             branches += n
+            lines += pending.lines if pending.lines is not None else want
             pending = next(parts, None)
         yield batch
-        size = size * 2 if grow else 1
+        size, want = size * 2 if grow else 1, 0
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,7 @@ def check_pattern(cursor, text: str) -> None:
         raise QueryError(f"q: not a valid regular expression: {str(e).splitlines()[-1][:200]}") from e
 
 
-def _read(cur, filters: str, params: dict[str, Any], parts: list[tokens.Range], limit: int) -> list[tuple]:
+def _read(cur, filters: str, params: dict[str, Any], parts: list[plans.Range], limit: int) -> list[tuple]:
     """The newest ``limit`` hits of ``parts``, in the answer's order."""
     sql, bounds = _statement(filters, parts)
     cur.execute(sql, {**params, **bounds, "limit": limit})
@@ -133,7 +138,7 @@ def _side_pool() -> ThreadPoolExecutor:
         return _SIDE
 
 
-def _in_two(cur, timeout_s: float, filters: str, params: dict[str, Any], parts: list[tokens.Range], limit: int
+def _in_two(cur, timeout_s: float, filters: str, params: dict[str, Any], parts: list[plans.Range], limit: int
             ) -> list[tuple]:
     """``_read`` of ``parts`` (newest first, disjoint in ts) as two statements at once: the older half on a
     cursor of its own on another thread (DuckDB runs a statement without the GIL, and the server's DuckDB has
@@ -175,7 +180,7 @@ def _chunks(since_us: int, until_us: int) -> list[tuple[int, int]]:
 
 
 def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True,
-           open_block: Callable[[], Any] | None = None) -> tuple[list[dict[str, Any]], bool, tokens.Plan]:
+           open_block: Callable[[], Any] | None = None) -> tuple[list[dict[str, Any]], bool, plans.Plan]:
     """Hits as dicts (``ts`` in epoch microseconds), newest first, whether more matched than ``limit``,
     and the plan (how the token filter was used).
 
@@ -203,22 +208,23 @@ def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True,
             check_pattern(cur, query.text)
         grams = set() if query.regex else tokens.trigrams(query.text.encode())
         if not use_filter:
-            plan = tokens.Plan("off")
+            plan = plans.Plan("off")
         elif query.regex:
-            plan = tokens.Plan("regex")
+            plan = plans.Plan("regex")
         elif not grams:
-            plan = tokens.Plan("no trigram in q")
+            plan = plans.Plan("no trigram in q")
         else:
-            plan = tokens.Plan("trigrams")
+            plan = plans.Plan("trigrams")
         if plan.filter == "trigrams":  # the open block first: one it closes meanwhile is in log_blocks then
             view = open_block() if open_block is not None else tokens.uncovered(cur)
-        ranges = ((window for part in tokens.admitted_ranges(cur, grams, query.since_us, query.until_us, plan, view)
-                   for window in tokens.newest_first(part)) if plan.filter == "trigrams"
-                  else [tokens.Range(lower, upper) for lower, upper in _chunks(query.since_us, query.until_us)])
+        ranges = ((window for part in plans.admitted_ranges(cur, grams, query.since_us, query.until_us, plan, view)
+                   for window in plans.newest_first(part)) if plan.filter == "trigrams"
+                  else [plans.Range(lower, upper) for lower, upper in _chunks(query.since_us, query.until_us)])
         few = plan.filter == "trigrams" and plan.blocks_admitted <= ONE_STATEMENT_BLOCKS
         if few:
             ranges = list(ranges)
-        for batch in _batches(ranges, grow=plan.filter == "trigrams", first=len(ranges) if few else 1):
+        for batch in _batches(ranges, grow=plan.filter == "trigrams", first=len(ranges) if few else 1,
+                              first_lines=FIRST_LINES if plan.filter == "trigrams" else 0):
             plan.ranges_scanned += len(batch)
             want = query.limit + 1 - len(rows)
             if few and len(batch) > 1 and hasattr(cur, "cursor"):

@@ -1,4 +1,5 @@
-"""The token filter: which blocks of log lines may hold a text (table ``log_blocks``, migration 014).
+"""The token filter, the writer's side: which blocks of log lines may hold a text (table ``log_blocks``, migration
+014, and its runs, 025). The search's side is ingest/db/searchplan.py.
 
 Invariants:
 - Every log row the writer commits is counted in exactly one block: a stored one (``log_blocks``, its row
@@ -20,7 +21,7 @@ Invariants:
   block (or the next writer's first, for a database from before 025 or RUN_BLOCKS changed): ``log_block_grams`` holds,
   for each trigram set in some block of the run, the bitset of its blocks that hold it, exactly as their bits say;
   ``log_block_runs`` its block range and ts range. Runs are written in order, 0 .. n - 1; a search uses them only
-  when all are of RUN_BLOCKS blocks (``RUNS_SQL``), and tests the bits of the blocks after them.
+  when all are of RUN_BLOCKS blocks (``searchplan.RUNS_SQL``), and tests the bits of the blocks after them.
 - Rows stored before migration 014 are in the catch-all block 0 (every bit set, their whole ts range);
   blocks written before 020 have no received_at range (NULL): a search scans their ts range.
 - A letter trigram is three consecutive letters a-z after folding: ASCII letters lowered, the two
@@ -38,10 +39,8 @@ Invariants:
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import duckdb
 import pyarrow as pa
@@ -51,7 +50,7 @@ import pyarrow.compute as pc
 # DuckDB's vectors) against 8,192: a rare phrase's 10 blocks 46 -> 25 ms, text found nowhere 1.5 -> 2.5 ms
 # (4x the blocks' bits to test), +0.13 bytes on disk a line (bench/search_scale.py's file, in-process).
 BLOCK_LINES = 2048
-# The letter runs an open block remembers having cut into trigrams (``_Block.runs``): a cache, so bounded. Runs
+# The letter runs an open block remembers having cut into trigrams (``Block.runs``): a cache, so bounded. Runs
 # longer than RUN_CACHE_MAX_BYTES (base64, hashes: seen once) and runs beyond RUN_CACHE_MAX are cut every time.
 # 2,048 lines of 4 KiB base64 held 687 k runs (59 MiB, copied each commit) before the bound.
 RUN_CACHE_MAX = 8192
@@ -107,7 +106,7 @@ def bitstring(grams: set[int]) -> str:
 
 
 @dataclass
-class _Block:
+class Block:
     block: int
     lines: int
     min_us: int
@@ -140,7 +139,7 @@ class _Block:
         self.lines, self.min_us, self.max_us, self.min_received_us, self.max_received_us = scalars
 
 
-def _insert(con: duckdb.DuckDBPyConnection, b: _Block, bits: str | None = None) -> None:
+def _insert(con: duckdb.DuckDBPyConnection, b: Block, bits: str | None = None) -> None:
     con.execute("INSERT INTO log_blocks (block, min_ts, max_ts, lines, bits, min_received_at, max_received_at) "
                 "VALUES ($b, make_timestamp($lo), make_timestamp($hi), $n, $bits::BIT, make_timestamp($rlo), "
                 "make_timestamp($rhi))",
@@ -184,7 +183,7 @@ def _close_runs(con: duckdb.DuckDBPyConnection, next_run: int, top: int) -> int:
 UNCOVERED_MAX_LINES = 4 * BLOCK_LINES  # more rows after the newest block than this: a catch-all block, not their trigrams
 
 
-def uncovered(con: duckdb.DuckDBPyConnection) -> _Block | None:
+def uncovered(con: duckdb.DuckDBPyConnection) -> Block | None:
     """The rows stamped after the newest stored block, as the block that holds them (numbered after the last):
     the open block of a writer that died, or of one whose view the caller does not have; every row when
     log_blocks is empty. None when there are none, or when the stored blocks have no received_at range (before
@@ -200,7 +199,7 @@ def uncovered(con: duckdb.DuckDBPyConnection) -> _Block | None:
         f"FROM logs {after}").fetchall()
     if not n:
         return None
-    block = _Block(top + 1, n, lo, hi, min_received_us=rlo, max_received_us=rhi)
+    block = Block(top + 1, n, lo, hi, min_received_us=rlo, max_received_us=rhi)
     if n > UNCOVERED_MAX_LINES:
         block.grams = set(range(NBITS))
         return block
@@ -222,10 +221,10 @@ class BlockWriter:
 
     def __init__(self, block_lines: int = BLOCK_LINES) -> None:
         self.block_lines = block_lines
-        self._open: _Block | None = None
+        self._open: Block | None = None
         self._next_id: int | None = None  # None: not loaded yet
         self._floor = 0  # the next stamp is at least this: one past the newest stored
-        self._pending: tuple[_Block | None, int, int, int, int, int] | None = None
+        self._pending: tuple[Block | None, int, int, int, int, int] | None = None
         self._undo: tuple | None = None  # the open block's scalars before the commit in flight
         self._marker_due = False
         self._top = -1  # the newest stored block's number
@@ -233,7 +232,7 @@ class BlockWriter:
         self._reset_runs = False  # runs of another size than RUN_BLOCKS are stored: all are written again
         self.spread = 0  # the last commit's stamps ran from its received_us to received_us + spread
 
-    def open_block(self) -> _Block | None:
+    def open_block(self) -> Block | None:
         """The block being filled, or None: read it before log_blocks (a block closed meanwhile is then in the
         table) and only read it; it grows in place, so what a reader sees holds at least what was committed."""
         return self._open
@@ -281,7 +280,7 @@ class BlockWriter:
             con.execute("DELETE FROM log_block_runs")
         top, next_run = self._top, self._next_run
 
-        def store(b: _Block, bits: str | None = None) -> None:  # a closed block's row, and the runs it closes
+        def store(b: Block, bits: str | None = None) -> None:  # a closed block's row, and the runs it closes
             nonlocal top, next_run
             _insert(con, b, bits)
             top = max(top, b.block)
@@ -289,7 +288,7 @@ class BlockWriter:
 
         next_run = _close_runs(con, next_run, top)  # left by a writer that died, or from before migration 025
         if self._marker_due:
-            store(_Block(self._next_id, 0, self._floor - 1, self._floor - 1, min_received_us=self._floor - 1,
+            store(Block(self._next_id, 0, self._floor - 1, self._floor - 1, min_received_us=self._floor - 1,
                          max_received_us=self._floor - 1), "0" * NBITS)
         received_us = self.stamp(received_us)
         block = self._open
@@ -297,7 +296,7 @@ class BlockWriter:
         if block is not None and block.lines >= self.block_lines:  # rebuilt full by ``load``: stored now
             store(block)
         next_id = self._next_id + self._marker_due
-        touched: list[_Block] = []
+        touched: list[Block] = []
         rows_of: list[int] = []  # rows stamped received_us + i, for each touched block i
         lines, ts = rows.column("line").combine_chunks(), rows.column("ts").combine_chunks()
         _, offsets, data = lines.buffers()
@@ -305,7 +304,7 @@ class BlockWriter:
         start, total = 0, rows.num_rows
         while start < total:
             if block is None or block.lines >= self.block_lines:
-                block = _Block(next_id, 0, 0, 0)
+                block = Block(next_id, 0, 0, 0)
                 next_id += 1
             touched.append(block)
             n = min(self.block_lines - block.lines, total - start)
@@ -351,194 +350,3 @@ def cover_unindexed(con: duckdb.DuckDBPyConnection) -> None:
         "SELECT (SELECT coalesce(max(block), 0) + 1 FROM log_blocks), min(ts), max(ts), count(*), "
         f"repeat('1', {NBITS})::BIT, min(received_at), max(received_at) FROM logs HAVING count(*) > 0"
     )
-
-
-@dataclass
-class Plan:
-    """How a search used the filter: rendered as the answer's ``scanned``."""
-
-    filter: str  # "trigrams", or why not: "no trigram in q", "regex", "off"
-    blocks: int = 0  # blocks overlapping the window
-    blocks_admitted: int = 0  # of those, the ones that may hold a hit (all of them without the filter)
-    ranges_scanned: int = 0  # time ranges scanned (admitted blocks merged), newest first until the limit
-
-    def as_dict(self) -> dict:
-        return {"filter": self.filter, "blocks": self.blocks, "blocks_admitted": self.blocks_admitted,
-                "ranges_scanned": self.ranges_scanned}
-
-
-MAX_STAMP_RANGES = 32  # received_at ranges one scan ORs together (a UNION ALL branch each); closer ones are merged
-
-
-@dataclass(frozen=True)
-class Range:
-    """A part ``[lower, upper)`` of the window, and where its admitted rows lie in commit order: the
-    ``received_at`` ranges ``[lo, hi]`` of its blocks (disjoint), or None when a block has none (scan
-    the part)."""
-
-    lower: int
-    upper: int
-    stamps: tuple[tuple[int, int], ...] | None = None
-    blocks: tuple[tuple[int, int, int, int | None, int | None], ...] = ()  # its blocks: (min_ts, max_ts, block, rlo, rhi)
-
-
-def _stamp_ranges(blocks: list[tuple[int, int | None, int | None]]) -> tuple[tuple[int, int], ...] | None:
-    """The received_at ranges of ``blocks`` (block, lo, hi) merged: overlapping ones (a commit shared
-    by two blocks, a clock stepped back: a row must be read once) and consecutive blocks (nothing lies
-    between them) join, and beyond MAX_STAMP_RANGES the closest ones do. None if any block has none."""
-    if any(lo is None for _, lo, _ in blocks):
-        return None
-    merged: list[list[int]] = []  # [lo, hi, last block]
-    for block, lo, hi in sorted(blocks, key=lambda b: (b[1], b[0])):
-        if merged and (lo <= merged[-1][1] or block == merged[-1][2] + 1):
-            merged[-1][1], merged[-1][2] = max(merged[-1][1], hi), block
-        else:
-            merged.append([lo, hi, block])
-    while len(merged) > MAX_STAMP_RANGES:
-        gaps = sorted(range(len(merged) - 1), key=lambda i: merged[i + 1][0] - merged[i][1])
-        cut = set(gaps[: len(merged) - MAX_STAMP_RANGES])
-        joined: list[list[int]] = []
-        for i, r in enumerate(merged):
-            if i - 1 in cut:
-                joined[-1][1], joined[-1][2] = max(joined[-1][1], r[1]), r[2]
-            else:
-                joined.append(list(r))
-        merged = joined
-    return tuple((lo, hi) for lo, hi, _ in merged)
-
-
-# The runs a search may use: 0 .. n - 1, all written (the writer writes them in order) and all of RUN_BLOCKS blocks
-# (``$size``); else none (their blocks' bits are tested instead), until the writer has written them again.
-RUNS_SQL = """
-SELECT CASE WHEN count(*) = coalesce(max(run) + 1, 0) AND count(*) FILTER (last_block - first_block + 1 <> $size) = 0
-            THEN count(*) ELSE 0 END
-FROM log_block_runs"""
-# The closed runs before $runs that hold every trigram, with the AND of their rows: bit i set, block run * size + i
-# may match (a run lacking a trigram has fewer rows, and none of its blocks may match).
-RUNS_ADMITTED = """m AS MATERIALIZED (SELECT run, bit_and(blocks) AS mask FROM log_block_grams WHERE run < $runs AND gram IN ({grams})
-    GROUP BY run HAVING count(*) = $n)"""
-WINDOW_SQL = "max_ts >= make_timestamp($since) AND min_ts < make_timestamp($until)"
-# What a search reads of the filter at once, by ``kind``: 0, the admitted blocks it has at once (block, lo, hi, rlo,
-# rhi): those from $end (their bits hold every trigram: ``block >= $end`` keeps the scan from the older blocks' bits)
-# and those of the admitted runs across the window's edge (their masks, each block's ts), or of every admitted run when
-# those inside the window admit at most $few blocks; else 1, the admitted runs inside the window (run, first block,
-# newest max_ts, admitted blocks, mask), whose blocks are read as the search reaches them; 2, the window's blocks, their newest max_ts, and the newest stored block (an open block of that number or
-# below was stored meanwhile).
-ADMITTED_SQL = """
-WITH {m},
-r AS (SELECT m.run, m.mask, x.first_block, x.max_ts,
-             x.min_ts >= make_timestamp($since) AND x.max_ts < make_timestamp($until) AS inside
-      FROM m JOIN log_block_runs x ON x.run = m.run
-      WHERE x.max_ts >= make_timestamp($since) AND x.min_ts < make_timestamp($until)),
-few AS (SELECT coalesce(sum(bit_count(mask)), 0) <= $few AS few FROM r WHERE inside),
-edge AS (SELECT run, mask FROM r, few WHERE NOT inside OR few)
-SELECT 0 AS kind, b.block, epoch_us(b.min_ts) AS a, epoch_us(b.max_ts) AS b, epoch_us(b.min_received_at) AS c,
-       epoch_us(b.max_received_at) AS d, NULL::VARCHAR AS mask
-FROM log_blocks b JOIN edge ON b.block // {size} = edge.run
-WHERE b.{window} AND get_bit(edge.mask, (b.block % {size})::INT) = 1
-UNION ALL
-SELECT 0, block, epoch_us(min_ts), epoch_us(max_ts), epoch_us(min_received_at), epoch_us(max_received_at), NULL
-FROM log_blocks WHERE block >= $end AND {window} AND {test}
-UNION ALL
-SELECT 1, run, first_block, epoch_us(max_ts), bit_count(mask), NULL, mask::VARCHAR FROM r, few WHERE inside AND NOT few
-UNION ALL
-SELECT 2, NULL, count(*), epoch_us(max(max_ts)), (SELECT max(block) FROM log_blocks), NULL, NULL FROM log_blocks WHERE {window}"""
-BLOCKS_SQL = """
-SELECT block, epoch_us(min_ts), epoch_us(max_ts), epoch_us(min_received_at), epoch_us(max_received_at)
-FROM log_blocks WHERE block IN ({blocks})"""
-RUN_LOAD_BLOCKS = 512  # admitted blocks of the runs inside the window: at most this many, and they are read at once
-
-
-def admitted_ranges(cur: duckdb.DuckDBPyConnection, grams: set[int], since_us: int, until_us: int,
-                    plan: Plan, open_block: _Block | None = None) -> Iterator[Range]:
-    """The parts of the window that blocks holding every trigram cover, newest first, merged so that
-    none overlaps another (a row is scanned once), each with the received_at ranges of its blocks.
-    ``open_block``: the writer's (``BlockWriter.open_block``, taken before this reads log_blocks), or the rows
-    after the newest stored block (``uncovered``); a block of that number in log_blocks was closed meanwhile.
-
-    The closed runs' blocks (migration 025, ``RUNS_SQL``) are admitted by ANDing their runs' rows of the text's
-    trigrams; only the blocks after them have their bits tested (at 100 M lines the bits of 48,829 blocks were
-    ~107 MB a search). The runs are read first: a run written meanwhile only has its blocks tested by their bits.
-
-    The plan's counts are set at once; the parts are made as the search asks for them, from the newest, and an
-    admitted run inside the window has its blocks read only when the search reaches its newest ts (``_newest``):
-    a common word stops at its newest part, and at 100 M lines reading all its 48,829 admitted blocks cost more
-    than the rest of its search."""
-    ((runs,),) = cur.execute(RUNS_SQL, {"size": RUN_BLOCKS}).fetchall()
-    ordered = sorted(grams)
-    sql = ADMITTED_SQL.format(m=RUNS_ADMITTED.format(grams=", ".join(map(str, ordered))), size=RUN_BLOCKS,
-                              window=WINDOW_SQL, test=" AND ".join(f"get_bit(bits, {g}) = 1" for g in ordered))
-    rows = cur.execute(sql, {"since": since_us, "until": until_us, "runs": runs, "end": runs * RUN_BLOCKS,
-                             "n": len(grams), "few": RUN_LOAD_BLOCKS}).fetchall()
-    blocks = [r[1:6] for r in rows if r[0] == 0]
-    inside = [(newest, first, count, mask) for kind, _, first, newest, count, _, mask in rows if kind == 1]
-    ((_, _, window_blocks, _, top, _, _),) = [r for r in rows if r[0] == 2]
-    if open_block is not None:
-        block, lo, hi, rlo, rhi, n = open_block.block, *open_block.scalars()[1:], open_block.lines
-        if n and hi >= since_us and lo < until_us and (top is None or block > top):  # else stored meanwhile: in log_blocks
-            window_blocks += 1
-            if grams <= open_block.grams:
-                blocks.append((block, lo, hi, rlo, rhi))
-    plan.blocks = window_blocks
-    plan.blocks_admitted = len(blocks) + sum(count for _, _, count, _ in inside)
-    return _parts(_newest(cur, blocks, inside), since_us, until_us)
-
-
-def _newest(cur, blocks: list[tuple], runs: list[tuple]) -> Iterator[tuple]:
-    """``blocks`` (block, lo, hi, rlo, rhi) and the admitted blocks of ``runs`` (newest max_ts, first block, admitted
-    blocks, mask), newest hi first. A run's blocks are read once a block of it might be the next: when its newest
-    max_ts is at least the newest hi in hand; with it, the runs after it when all of theirs are few (RUN_LOAD_BLOCKS)."""
-    heap = [(-b[2], -b[0], b) for b in blocks]
-    heapq.heapify(heap)
-    pending = sorted(runs, key=lambda r: r[0], reverse=True)
-    left = sum(r[2] for r in pending)
-    while heap or pending:
-        if pending and (not heap or pending[0][0] >= -heap[0][0]):
-            take = len(pending) if left <= RUN_LOAD_BLOCKS else 1
-            ids = [first + i for _, first, _, mask in pending[:take] for i, bit in enumerate(mask) if bit == "1"]
-            left -= sum(r[2] for r in pending[:take])
-            del pending[:take]
-            for b in cur.execute(BLOCKS_SQL.format(blocks=", ".join(map(str, ids)))).fetchall():
-                heapq.heappush(heap, (-b[2], -b[0], b))
-            continue
-        yield heapq.heappop(heap)[2]
-
-
-def _parts(rows: Iterator[tuple], since_us: int, until_us: int) -> Iterator[Range]:
-    """Blocks sorted by their newest ts, descending, merged into disjoint parts newest first (the mirror of merging
-    intervals sorted by their start: a block joins the part when its span reaches the part's lower bound)."""
-    lower = upper = 0
-    blocks: list[tuple] = []  # (lo, hi, block, rlo, rhi) of the part being made
-    for block, lo, hi, rlo, rhi in rows:
-        a, z = max(lo, since_us), min(hi + 1, until_us)
-        if blocks and z >= lower:
-            lower = min(lower, a)
-        else:
-            if blocks:
-                yield Range(lower, upper, _stamp_ranges([b[2:] for b in blocks]), tuple(blocks))
-            lower, upper, blocks = a, z, []
-        blocks.append((a, z, block, rlo, rhi))
-    if blocks:
-        yield Range(lower, upper, _stamp_ranges([b[2:] for b in blocks]), tuple(blocks))
-
-
-SPLIT_BLOCKS = 8  # a part of more admitted blocks is read in windows newest first (``newest_first``)
-FIRST_WINDOW_US = 60_000_000
-
-
-def newest_first(part: Range) -> list[Range]:
-    """A part of many blocks cut into ts windows newest first, each reading only the blocks it overlaps:
-    1 minute, then 2, 4, ... A common word's blocks overlap into one part the width of the whole window
-    (streams interleave, clocks differ), so its one statement read every block, oldest row group first,
-    to keep the newest ``limit``; its newest minute holds them. The windows are disjoint in ts, as parts
-    are, so a row is read once and the search still stops at the first window that fills the limit."""
-    if len(part.blocks) <= SPLIT_BLOCKS:
-        return [part]
-    out, upper, width = [], part.upper, FIRST_WINDOW_US
-    while upper > part.lower:
-        lower = max(part.lower, upper - width)
-        inside = [(block, rlo, rhi) for lo, hi, block, rlo, rhi in part.blocks if hi > lower and lo < upper]
-        if inside:
-            out.append(Range(lower, upper, _stamp_ranges(inside)))
-        upper, width = lower, width * 2
-    return out

@@ -1,7 +1,7 @@
 """``GET /api/v1/search?q=&regex=0|1&since=&until=&source=&instance=&limit=``: log lines across the fleet.
 
 Answers ``{"hits": [{"instance_id", "source", "run_id", "seq", "ts", "line"}], "truncated", "scanned"}``,
-newest first; ``scanned`` is the plan (``ingest.db.searchtokens.Plan``: whether the token filter pruned, how many
+newest first; ``scanned`` is the plan (``ingest.db.searchplan.Plan``: whether the token filter pruned, how many
 blocks the window holds and how many were admitted). ``since`` and ``until`` are a duration back from now (``90s``, ``30m``, ``24h``, ``7d``), epoch
 seconds or ISO-8601; ``since`` defaults to 24 hours ago, ``until`` to now. ``limit`` (default 100) is
 capped at 1000. The read token suffices.
