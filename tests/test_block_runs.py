@@ -11,7 +11,7 @@ whatever is written; and it does use the runs.
 
 from __future__ import annotations
 
-from ingest.db import store, searchtokens as tokens
+from ingest.db import searchplan as plans, store, searchtokens as tokens
 from tests.test_open_block import run
 from tests.test_search_filter import T0, commit
 
@@ -127,4 +127,38 @@ def test_a_rolled_back_commit_takes_the_run_it_closed_with_it(tmp_path, monkeypa
     assert con.execute("SELECT run FROM log_block_runs ORDER BY run").fetchall() == [(0,), (1,)]
     assert stored(con) == transposed_from_bits(con)
     assert not run(con, "xylophone", blocks)[0]
+    con.close()
+
+
+def test_the_writers_count_of_runs_is_what_the_search_would_read(tmp_path, monkeypatch):
+    """``BlockWriter.runs_written`` (the server's searches ask it instead of a statement) equals RUNS_SQL at every step:
+    runs written, a commit rolled back, a database from before 025, runs of another size."""
+    from ingest.contract.codec import MetricRows
+    from ingest.errors import StoreError
+    monkeypatch.setattr(tokens, "RUN_BLOCKS", 2)
+    con = store.open_database(tmp_path / "f.duckdb")
+
+    def read() -> int:
+        return con.execute(plans.RUNS_SQL, {"size": tokens.RUN_BLOCKS}).fetchone()[0]
+
+    blocks = tokens.BlockWriter(block_lines=5)
+    assert blocks.runs_written() is None  # not loaded: the search reads it
+    fill(con, blocks, 3)
+    assert blocks.runs_written() == read() == 0
+    logs = store.LogColumns.empty()
+    logs.add("C.9", "s", "0", list(range(4)), [T0 + 50] * 4, ["rolled back"] * 4, [False] * 4)
+    try:
+        store.write_batch(con, logs, [], MetricRows(), {}, T0 + 10, actions=[lambda c: 1 / 0], blocks=blocks)
+    except StoreError:
+        blocks.rolled_back()
+    assert blocks.runs_written() == read() == 0
+    fill(con, blocks, 40, start=3)  # blocks 1-8 stored: runs 0-3
+    assert blocks.runs_written() == read() == 4
+    assert run(con, "cuda", blocks)[:2] == run(con, "cuda", use_filter=False)[:2]
+    monkeypatch.setattr(tokens, "RUN_BLOCKS", 3)
+    again = tokens.BlockWriter(block_lines=5)
+    again.load(con)
+    assert again.runs_written() == read() == 0  # runs of 2 blocks: none used until written again
+    fill(con, again, 1, start=43)
+    assert again.runs_written() == read() == 3  # blocks 0-8
     con.close()

@@ -39,7 +39,7 @@ class Statements:
 
 def run(con, text: str, blocks=None, limit: int = 1000, use_filter: bool = True):
     """Search the whole window; ``blocks``: the writer whose open block the search asks (None: rebuilt from the rows)."""
-    view = {} if blocks is None else {"open_block": blocks.open_block}
+    view = {} if blocks is None else {"open_block": blocks.open_block, "runs_written": blocks.runs_written}
     return search.search(con, 30.0, search.SearchQuery(text=text, regex=False, since_us=T0 - 10**9, until_us=T0 + 10**9,
                                                        limit=limit), use_filter, **view)
 

@@ -86,6 +86,7 @@ class Database:
             search_max_concurrent=settings.search_max_concurrent,
             retry_after_s=settings.retry_after_s,
             open_block=blocks.open_block if blocks is not None else None,
+            runs_written=blocks.runs_written if blocks is not None else None,
         )
 
     def _slots(self, settings: Settings) -> Slots:

@@ -73,8 +73,10 @@ class Reader:
         search_max_concurrent: int,
         retry_after_s: int,
         open_block: Callable[[], Any] | None = None,  # the writer's BlockWriter.open_block: the token filter (file mode)
+        runs_written: Callable[[], int | None] | None = None,  # and its BlockWriter.runs_written
     ) -> None:
         self.open_block = open_block
+        self.runs_written = runs_written
         # DuckDB refuses ``con.cursor()`` while ``con`` is executing, so cursors come from an idle one
         self._root: duckdb.DuckDBPyConnection | None = con.cursor()
         self.index = index
@@ -205,7 +207,8 @@ class Reader:
         """Fleet-wide search (``search.search``) on the search threads: hits, truncated, plan."""
         self._search.admit()
         try:
-            run = functools.partial(search.search, use_filter=self.open_block is not None, open_block=self.open_block)
+            run = functools.partial(search.search, use_filter=self.open_block is not None, open_block=self.open_block,
+                                    runs_written=self.runs_written)
             return await self._run("search", lambda con, timeout_s: run(con, timeout_s, query), pool=self._search.pool)
         finally:
             self._search.leave()

@@ -180,7 +180,8 @@ def _chunks(since_us: int, until_us: int) -> list[tuple[int, int]]:
 
 
 def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True,
-           open_block: Callable[[], Any] | None = None) -> tuple[list[dict[str, Any]], bool, plans.Plan]:
+           open_block: Callable[[], Any] | None = None, runs_written: Callable[[], int | None] | None = None
+           ) -> tuple[list[dict[str, Any]], bool, plans.Plan]:
     """Hits as dicts (``ts`` in epoch microseconds), newest first, whether more matched than ``limit``,
     and the plan (how the token filter was used).
 
@@ -189,6 +190,8 @@ def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True,
     whole day. ``use_filter`` False (the lake mode, which keeps no blocks) scans the window.
     ``open_block``: the writer's ``BlockWriter.open_block`` (the block it fills, whose row is not written
     yet); without it the rows after the newest stored block are read to stand for it (one more statement).
+    ``runs_written``: the writer's ``BlockWriter.runs_written`` (how many runs of blocks are written transposed);
+    without it, or when it says None, a statement reads it (``searchplan.RUNS_SQL``).
     """
     if not query.text or len(query.text) > MAX_PATTERN_CHARS:
         raise QueryError(f"q: expected 1 to {MAX_PATTERN_CHARS} characters")
@@ -217,7 +220,8 @@ def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True,
             plan = plans.Plan("trigrams")
         if plan.filter == "trigrams":  # the open block first: one it closes meanwhile is in log_blocks then
             view = open_block() if open_block is not None else tokens.uncovered(cur)
-        ranges = ((window for part in plans.admitted_ranges(cur, grams, query.since_us, query.until_us, plan, view)
+            runs = runs_written() if runs_written is not None else None
+        ranges = ((window for part in plans.admitted_ranges(cur, grams, query.since_us, query.until_us, plan, view, runs)
                    for window in plans.newest_first(part)) if plan.filter == "trigrams"
                   else [plans.Range(lower, upper) for lower, upper in _chunks(query.since_us, query.until_us)])
         few = plan.filter == "trigrams" and plan.blocks_admitted <= ONE_STATEMENT_BLOCKS

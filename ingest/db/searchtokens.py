@@ -237,6 +237,14 @@ class BlockWriter:
         table) and only read it; it grows in place, so what a reader sees holds at least what was committed."""
         return self._open
 
+    def runs_written(self) -> int | None:
+        """How many runs are written (runs 0 .. n - 1, of RUN_BLOCKS blocks, committed): what ``searchplan.RUNS_SQL``
+        reads, from memory; None before ``load``. Read before log_blocks: a run written meanwhile is only tested by its
+        blocks' bits."""
+        if self._next_id is None:
+            return None
+        return 0 if self._reset_runs else self._next_run
+
     def stamp(self, received_us: int, con: duckdb.DuckDBPyConnection | None = None) -> int:
         """A commit's stamp: ``received_us``, or one past the newest stamp stored when the clock stepped back
         (``con``: where to read it, the first time)."""
