@@ -11,7 +11,7 @@ whatever is written; and it does use the runs.
 
 from __future__ import annotations
 
-from ingest.db import searchplan as plans, store, searchtokens as tokens
+from ingest.db import store, searchtokens as tokens
 from tests.test_open_block import run
 from tests.test_search_filter import T0, commit
 
@@ -139,7 +139,7 @@ def test_the_writers_count_of_runs_is_what_the_search_would_read(tmp_path, monke
     con = store.open_database(tmp_path / "f.duckdb")
 
     def read() -> int:
-        return con.execute(plans.RUNS_SQL, {"size": tokens.RUN_BLOCKS}).fetchone()[0]
+        return con.execute(tokens.RUNS_SQL, {"size": tokens.RUN_BLOCKS}).fetchone()[0]
 
     blocks = tokens.BlockWriter(block_lines=5)
     assert blocks.runs_written() is None  # not loaded: the search reads it

@@ -191,7 +191,7 @@ def search(con, timeout_s: float, query: SearchQuery, use_filter: bool = True,
     ``open_block``: the writer's ``BlockWriter.open_block`` (the block it fills, whose row is not written
     yet); without it the rows after the newest stored block are read to stand for it (one more statement).
     ``runs_written``: the writer's ``BlockWriter.runs_written`` (how many runs of blocks are written transposed);
-    without it, or when it says None, a statement reads it (``searchplan.RUNS_SQL``).
+    without it, or when it says None, a statement reads it (``searchtokens.RUNS_SQL``).
     """
     if not query.text or len(query.text) > MAX_PATTERN_CHARS:
         raise QueryError(f"q: expected 1 to {MAX_PATTERN_CHARS} characters")

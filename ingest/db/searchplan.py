@@ -73,12 +73,6 @@ def _stamp_ranges(blocks: list[tuple[int, int | None, int | None]]) -> tuple[tup
     return tuple((lo, hi) for lo, hi, _ in merged)
 
 
-# The runs a search may use: 0 .. n - 1, all written (the writer writes them in order) and all of tokens.RUN_BLOCKS blocks
-# (``$size``); else none (their blocks' bits are tested instead), until the writer has written them again.
-RUNS_SQL = """
-SELECT CASE WHEN count(*) = coalesce(max(run) + 1, 0) AND count(*) FILTER (last_block - first_block + 1 <> $size) = 0
-            THEN count(*) ELSE 0 END
-FROM log_block_runs"""
 # The closed runs before $runs that hold every trigram, with the AND of their rows: bit i set, block run * size + i
 # may match (a run lacking a trigram has fewer rows, and none of its blocks may match).
 RUNS_ADMITTED = """m AS MATERIALIZED (SELECT run, bit_and(blocks) AS mask FROM log_block_grams WHERE run < $runs AND gram IN ({grams})
@@ -124,7 +118,7 @@ def admitted_ranges(cur: duckdb.DuckDBPyConnection, grams: set[int], since_us: i
     ``open_block``: the writer's (``BlockWriter.open_block``, taken before this reads log_blocks), or the rows
     after the newest stored block (``uncovered``); a block of that number in log_blocks was closed meanwhile.
 
-    The closed runs' blocks (migration 025: ``runs`` of them, ``BlockWriter.runs_written``, else ``RUNS_SQL``) are
+    The closed runs' blocks (migration 025: ``runs`` of them, ``BlockWriter.runs_written``, else ``tokens.RUNS_SQL``) are
     admitted by ANDing their runs' rows of the text's trigrams; only the blocks after them have their bits tested (at 100 M lines the bits of 48,829 blocks were
     ~107 MB a search). The runs are read first: a run written meanwhile only has its blocks tested by their bits.
 
@@ -133,7 +127,7 @@ def admitted_ranges(cur: duckdb.DuckDBPyConnection, grams: set[int], since_us: i
     a common word stops at its newest part, and at 100 M lines reading all its 48,829 admitted blocks cost more
     than the rest of its search."""
     if runs is None:
-        ((runs,),) = cur.execute(RUNS_SQL, {"size": tokens.RUN_BLOCKS}).fetchall()
+        ((runs,),) = cur.execute(tokens.RUNS_SQL, {"size": tokens.RUN_BLOCKS}).fetchall()
     ordered = sorted(grams)
     sql = ADMITTED_SQL.format(m=RUNS_ADMITTED.format(grams=", ".join(map(str, ordered))), size=tokens.RUN_BLOCKS,
                               window=WINDOW_SQL, test=" AND ".join(f"get_bit(bits, {g}) = 1" for g in ordered))

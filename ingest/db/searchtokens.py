@@ -21,7 +21,7 @@ Invariants:
   block (or the next writer's first, for a database from before 025 or RUN_BLOCKS changed): ``log_block_grams`` holds,
   for each trigram set in some block of the run, the bitset of its blocks that hold it, exactly as their bits say;
   ``log_block_runs`` its block range and ts range. Runs are written in order, 0 .. n - 1; a search uses them only
-  when all are of RUN_BLOCKS blocks (``searchplan.RUNS_SQL``), and tests the bits of the blocks after them.
+  when all are of RUN_BLOCKS blocks (``RUNS_SQL``), and tests the bits of the blocks after them.
 - Rows stored before migration 014 are in the catch-all block 0 (every bit set, their whole ts range);
   blocks written before 020 have no received_at range (NULL): a search scans their ts range.
 - A letter trigram is three consecutive letters a-z after folding: ASCII letters lowered, the two
@@ -180,6 +180,15 @@ def _close_runs(con: duckdb.DuckDBPyConnection, next_run: int, top: int) -> int:
     return next_run
 
 
+# The runs written, as a search uses them and the writer goes on from them: 0 .. n - 1, all written (the writer
+# writes them in order) and all of RUN_BLOCKS blocks (``$size``); else none (their blocks' bits are tested instead),
+# until the writer has written them again.
+RUNS_SQL = """
+SELECT CASE WHEN count(*) = coalesce(max(run) + 1, 0) AND count(*) FILTER (last_block - first_block + 1 <> $size) = 0
+            THEN count(*) ELSE 0 END
+FROM log_block_runs"""
+
+
 UNCOVERED_MAX_LINES = 4 * BLOCK_LINES  # more rows after the newest block than this: a catch-all block, not their trigrams
 
 
@@ -238,7 +247,7 @@ class BlockWriter:
         return self._open
 
     def runs_written(self) -> int | None:
-        """How many runs are written (runs 0 .. n - 1, of RUN_BLOCKS blocks, committed): what ``searchplan.RUNS_SQL``
+        """How many runs are written (runs 0 .. n - 1, of RUN_BLOCKS blocks, committed): what ``RUNS_SQL``
         reads, from memory; None before ``load``. Read before log_blocks: a run written meanwhile is only tested by its
         blocks' bits."""
         if self._next_id is None:
@@ -264,13 +273,12 @@ class BlockWriter:
         self._top = top if stored else -1
         self._floor = (newest + 1) if newest is not None else 0
         self._marker_due = bool(self._open is None and newest is not None and stored and not ranged)
-        ((runs, odd),) = con.execute("SELECT list(run ORDER BY run), count(*) FILTER (last_block - first_block + 1 <> $size) "
-                                     "FROM log_block_runs", {"size": RUN_BLOCKS}).fetchall()
-        # the runs a search uses are 0 .. n - 1 (``admitted_ranges``): the first missing one and those after it are written
-        # (again) by the next commit, as are all when some have another size (RUN_BLOCKS changed)
-        done = set(runs or ())
+        # the runs a search uses (RUNS_SQL: 0 .. n - 1, else none): the next commit writes (again) those from n on; all
+        # are deleted first when some have another size (RUN_BLOCKS changed), whose numbers mean other blocks
+        ((self._next_run, odd),) = con.execute(
+            f"SELECT ({RUNS_SQL}), count(*) FILTER (last_block - first_block + 1 <> $size) FROM log_block_runs",
+            {"size": RUN_BLOCKS}).fetchall()
         self._reset_runs = bool(odd)
-        self._next_run = 0 if odd else next(r for r in itertools.count() if r not in done)
 
     def add(self, con: duckdb.DuckDBPyConnection, rows: pa.Table, received_us: int) -> pa.Array:
         """The blocks of a commit's rows (``store.LogColumns.table()``: one chunk a column), and the rows'
