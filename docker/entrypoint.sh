@@ -63,10 +63,32 @@ agent() { fleetlog-agent "$1" --spool "$state_dir/main" "${@:2}"; }
 # The parameter fetch has a spool of its own: a restarted agent adopts the unfinished run of its own
 # spool, so after a restart (container or agent) the fetch never adopts the benchmark's run, and the
 # benchmark's `run` adopts it and reports it, whatever the fetch did meanwhile.
+catches_term() {  # PID: 0 once it catches SIGTERM (SigCgt bit 15), 2 once it is gone, else 1
+    local key value caught=1
+    [[ -r "/proc/$1/status" ]] || return 2
+    while read -r key value _; do
+        case "$key" in
+            State:) [[ "$value" == Z ]] && return 2 ;;
+            SigCgt:) (( 0x$value & 0x4000 )) && caught=0 ;;
+        esac
+    done < "/proc/$1/status"
+    return "$caught"
+}
+stop_agent() {  # PID: SIGTERM once the agent has its handler, then wait for its last lines to leave.
+    # Started a moment ago on a loaded machine, it may still be importing: a SIGTERM then kills it
+    # unheard and what it tails dies with the container (at most a minute's wait).
+    local tries=0
+    while (( tries++ < 600 )); do
+        catches_term "$1"
+        (( $? == 1 )) || break
+        sleep 0.1
+    done
+    kill -TERM "$1" 2>/dev/null
+    wait "$1"
+}
 stop_self_tail() {  # on every exit: the entrypoint's last lines leave before it does
     [[ -n "$self_tail_pid" ]] || return 0
-    kill -TERM "$self_tail_pid" 2>/dev/null
-    wait "$self_tail_pid"
+    stop_agent "$self_tail_pid"
     self_tail_pid=""
 }
 trap stop_self_tail EXIT
@@ -157,8 +179,7 @@ shutdown() {
         kill -TERM "${children[@]}" 2>/dev/null
         wait "${children[@]}" 2>/dev/null
     fi
-    kill -TERM "$tail_pid" 2>/dev/null
-    wait "$tail_pid"
+    stop_agent "$tail_pid"
     exit 0
 }
 trap shutdown TERM INT  # before 'running': a stop may come as soon as the server knows

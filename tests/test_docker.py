@@ -175,6 +175,26 @@ def test_entrypoint_stops_when_the_parameter_fetch_fails(server_process, tmp_pat
     assert len(setup) == 2  # the failed fetch's output is stored all the same
 
 
+def test_entrypoint_ships_its_last_lines_when_its_tail_agent_is_slow_to_start(server_process, tmp_path):
+    """A loaded machine: the fetch fails before the agent tailing the entrypoint's own lines has its
+    SIGTERM handler (CI, 2026-12-05). A SIGTERM then would kill it unheard and the lines die with
+    the container: the entrypoint waits until the agent catches SIGTERM, then stops it."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    real = Path(sys.executable).parent / "fleetlog-agent"
+    (shim / "fleetlog-agent").write_text(f'#!/bin/bash\n[[ $1 == tail ]] && sleep 3\nexec {real} "$@"\n')
+    (shim / "fleetlog-agent").chmod(0o755)
+    server = server_process("--policy-interval", "0").start()
+    env = entrypoint_env(server, tmp_path, STANDIN_PARAMS_EXIT="3")
+    env["PATH"] = f"{shim}:{env['PATH']}"
+    rc, out = run_entrypoint(env, tmp_path)
+    assert rc == 3, out
+    detail = get(server, "/api/v1/instances/C.32733029")
+    assert detail["logs"].get("entrypoint", {}).get("complete") is True, (out, detail["logs"])
+    own = [l["line"] for l in get(server, "/api/v1/instances/C.32733029/logs?source=entrypoint&tail=1000")["lines"]]
+    assert "registering C.32733029" in own[0] and own[-1].endswith("parameter fetch failed (exit 3)"), own
+
+
 def test_entrypoint_passes_shellcheck():
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
