@@ -59,10 +59,10 @@ say() {
     echo "$line"
     echo "$line" >> "$self_log"
 }
-agent() { fleetlog-agent "$1" --spool "$state_dir/main" "${@:2}"; }
 # The parameter fetch has a spool of its own: a restarted agent adopts the unfinished run of its own
 # spool, so after a restart (container or agent) the fetch never adopts the benchmark's run, and the
 # benchmark's `run` adopts it and reports it, whatever the fetch did meanwhile.
+agent() { fleetlog-agent "$1" --spool "$state_dir/main" "${@:2}"; }
 catches_term() {  # PID: 0 once it catches SIGTERM (SigCgt bit 15), 2 once it is gone, else 1
     local key value caught=1
     [[ -r "/proc/$1/status" ]] || return 2
